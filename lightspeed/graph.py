@@ -1,0 +1,206 @@
+"""The graph of primitive ops: hash-consed nodes whose inputs are views of other nodes.
+
+Each node's edges carry a ``ShapeTracker`` (the view through which the node reads
+its source), so movement ops never become nodes. Structurally identical nodes are
+created once (hash-consing), which shares common subexpressions by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import dtypes as dt
+from . import symbolic as sym
+from .ops import OPS, Op
+from .shape import ShapeTracker, _shape_str
+from .symbolic import sint
+
+
+class ArrayConst:
+    """A numpy array embedded in a graph (hashed by identity, not content)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __hash__(self) -> int:
+        return id(self.array)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ArrayConst) and other.array is self.array
+
+    def __repr__(self) -> str:
+        return f"array{self.array.shape}"
+
+
+class Node:
+    """One primitive op. ``srcs`` are (node, view) pairs; ``shape`` is the node's own dense shape."""
+
+    __slots__ = ("op", "srcs", "arg", "dtype", "shape", "id", "graph", "__weakref__")
+
+    def __init__(self, graph: "Graph", op: Op, srcs, arg, dtype: dt.DType, shape: tuple[sint, ...], nid: int):
+        self.graph, self.op, self.srcs, self.arg, self.dtype, self.shape, self.id = graph, op, srcs, arg, dtype, shape, nid
+
+    def __repr__(self) -> str:
+        srcs = ", ".join(f"%{s.id}" for s, _ in self.srcs)
+        arg = f" {self.arg!r}" if self.arg is not None else ""
+        return f"%{self.id} = {self.op.value}{arg}({srcs}) : {self.dtype.name}{_shape_str(self.shape)}"
+
+
+def check_shape(shape: Sequence[sint], what: str) -> tuple[sint, ...]:
+    out = []
+    for s in shape:
+        if isinstance(s, (int, np.integer)) and not isinstance(s, bool):
+            if s < 0:
+                raise ValueError(f"{what}: negative dimension {s} in shape {tuple(shape)}")
+            out.append(int(s))
+        elif isinstance(s, sym.Expr):
+            out.append(sym._simplest(s))
+        else:
+            raise TypeError(f"{what}: dimension {s!r} must be an int or a symbolic dimension")
+    return tuple(out)
+
+
+class Graph:
+    """A builder of primitive-op graphs. Create inputs with ``input``, compute with Tensor methods,
+    then ``compile`` the outputs."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[tuple, Node] = {}
+        self.order: list[Node] = []
+        self.inputs: dict[str, Node] = {}
+
+    # node creation ------------------------------------------------------------
+    def node(self, op: Op, srcs: Sequence[tuple[Node, ShapeTracker]], arg: Any, dtype: dt.DType,
+             shape: Sequence[sint]) -> Node:
+        srcs = tuple(srcs)
+        for s, _ in srcs:
+            if s.graph is not self:
+                raise ValueError(f"{op.value}: operands come from different graphs")
+        # floats are keyed by their bits so that 0.0 and -0.0 stay distinct
+        arg_key = ("f", arg.hex()) if isinstance(arg, float) else arg
+        key = (op, arg_key, dtype.name, tuple((s.id, st) for s, st in srcs))
+        n = self._nodes.get(key)
+        if n is None:
+            n = Node(self, op, srcs, arg, dtype, tuple(shape), len(self.order))
+            self._nodes[key] = n
+            self.order.append(n)
+        return n
+
+    def input(self, name: str, shape: Sequence[sint], dtype=dt.float32) -> "Tensor":
+        """A named input of static or symbolic ``shape``."""
+        from .tensor import Tensor
+        if name in self.inputs:
+            raise ValueError(f"input {name!r} is already defined in this graph")
+        if not name.isidentifier():
+            raise ValueError(f"input name {name!r} must be a valid identifier")
+        shape = check_shape(shape, f"input {name!r}")
+        n = self.node(Op.INPUT, (), name, dt.as_dtype(dtype), shape)
+        self.inputs[name] = n
+        return Tensor(n, ShapeTracker.contiguous(shape))
+
+    def constant(self, value, dtype=None) -> "Tensor":
+        """A scalar constant (shape ``()``) or an embedded numpy array."""
+        from .tensor import Tensor
+        if isinstance(value, np.ndarray):
+            d = dt.as_dtype(dtype) if dtype is not None else dt.from_numpy(value.dtype)
+            arr = value if d is dt.bfloat16 else np.ascontiguousarray(value, dtype=d.np)
+            n = self.node(Op.CONST, (), ArrayConst(arr), d, arr.shape)
+            return Tensor(n, ShapeTracker.contiguous(arr.shape))
+        d = dt.as_dtype(dtype) if dtype is not None else (
+            dt.bool_ if isinstance(value, bool) else dt.int32 if isinstance(value, int) else dt.float32)
+        if d.is_float:
+            value = float(value)
+        elif d.kind == "b":
+            value = bool(value)
+        else:
+            value = int(value)
+        n = self.node(Op.CONST, (), value, d, ())
+        return Tensor(n, ShapeTracker.contiguous(()))
+
+    def iota(self, n: sint, dtype=dt.int32) -> "Tensor":
+        """The integers ``0 .. n-1`` (``n`` may be symbolic)."""
+        from .tensor import Tensor
+        (n,) = check_shape((n,), "iota")
+        node = self.node(Op.IOTA, (), None, dt.as_dtype(dtype), (n,))
+        return Tensor(node, ShapeTracker.contiguous((n,)))
+
+    # compilation --------------------------------------------------------------
+    def compile(self, outputs: Sequence["Tensor"], backend: str = "reference", **options):
+        """Compile ``outputs`` into a callable ``prog(dims=None, **inputs) -> tuple[np.ndarray, ...]``."""
+        from .backend import get_backend
+        from .runtime import CompiledGraph
+        from .tensor import Tensor
+        if isinstance(outputs, Tensor):
+            outputs = [outputs]
+        for o in outputs:
+            if not isinstance(o, Tensor) or o.node.graph is not self:
+                raise ValueError("compile: every output must be a Tensor of this graph")
+        program = Program.build(self, list(outputs))
+        return CompiledGraph(program, get_backend(backend)(program, **options))
+
+
+@dataclass
+class Program:
+    """What a backend compiles: the outputs (as views of nodes) and everything they depend on."""
+
+    graph: Graph
+    outputs: list[tuple[Node, ShapeTracker]]
+    nodes: list[Node]  # topological order, only what the outputs need
+    inputs: list[Node]
+    dims: list[sym.Var] = field(default_factory=list)
+
+    @staticmethod
+    def build(graph: Graph, outputs: list) -> "Program":
+        outs = [(o.node, o.st) for o in outputs]
+        seen: set[int] = set()
+        stack = [n for n, _ in outs]
+        while stack:
+            n = stack.pop()
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            stack.extend(s for s, _ in n.srcs)
+        nodes = [n for n in graph.order if n.id in seen]
+        inputs = [n for n in nodes if n.op is Op.INPUT]
+        dims: set[sym.Var] = set()
+        for n in nodes:
+            dims |= sym.free_vars(*n.shape)
+            if n.op is Op.IOTA:
+                dims |= sym.free_vars(*n.shape)
+            for _, st in n.srcs:
+                dims |= _tracker_vars(st)
+        for _, st in outs:
+            dims |= _tracker_vars(st)
+        return Program(graph, outs, nodes, inputs, sorted(dims, key=lambda v: v.name))
+
+
+def _tracker_vars(st: ShapeTracker) -> set[sym.Var]:
+    out: set[sym.Var] = set()
+    for v in st.views:
+        out |= sym.free_vars(*v.shape, *v.strides, v.offset)
+        if v.mask is not None:
+            for b, e in v.mask:
+                out |= sym.free_vars(b, e)
+    return out
+
+
+def describe(program: Program) -> str:
+    """A readable listing of a program's nodes."""
+    return "\n".join(repr(n) for n in program.nodes)
+
+
+__all__ = ["Graph", "Node", "Program", "ArrayConst", "OPS"]
+
+
+def _constant_dim(self: Graph, n: sint, dtype=dt.float32):
+    """A scalar whose value is the (possibly symbolic) dimension ``n``, as ``dtype``."""
+    if sym.is_const(n):
+        return self.constant(int(n), dtype)
+    return self.iota(sym.add(n, 1), dt.int32)[n].cast(dtype)
+
+
+Graph.constant_dim = _constant_dim

@@ -1,0 +1,88 @@
+"""CompiledGraph: validates inputs and dimension values, then runs a backend's executor."""
+from __future__ import annotations
+
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from . import dtypes as dt
+from . import symbolic as sym
+from .graph import Program
+from .shape import _shape_str
+
+
+class Executor(Protocol):
+    def run(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[np.ndarray]: ...
+
+
+class CompiledGraph:
+    """A compiled program: ``prog(dims=None, **inputs)`` returns a tuple of numpy arrays."""
+
+    def __init__(self, program: Program, executor: Executor):
+        self.program = program
+        self.executor = executor
+        self.input_names = [n.arg for n in program.inputs]
+
+    def bind(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None) -> tuple[dict, dict]:
+        """Check every input and dimension; return (arrays, dimension values). Raises ValueError."""
+        env: dict[str, int] = {}
+        for k, v in (dims or {}).items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"dimension {k!r} must be an int, got {type(v).__name__}")
+            env[k] = int(v)
+        known = {v.name: v for v in self.program.dims}
+        for k in env:
+            if k not in known:
+                raise ValueError(f"unknown dimension {k!r}; this program has dimensions {sorted(known)}")
+        arrays: dict[str, np.ndarray] = {}
+        missing = [n for n in self.input_names if n not in inputs]
+        if missing:
+            raise ValueError(f"missing input(s) {missing}; expected {self.input_names}")
+        extra = [k for k in inputs if k not in self.input_names]
+        if extra:
+            raise ValueError(f"unexpected input(s) {extra}; expected {self.input_names}")
+        for node in self.program.inputs:
+            name = node.arg
+            a = inputs[name]
+            if not isinstance(a, np.ndarray):
+                raise ValueError(f"input {name!r} must be a numpy array, got {type(a).__name__}")
+            want = node.dtype.np
+            if a.dtype != want:
+                raise ValueError(f"input {name!r} has dtype {a.dtype}, expected {node.dtype.name}")
+            if a.ndim != len(node.shape):
+                raise ValueError(f"input {name!r} has shape {a.shape}, expected {_shape_str(node.shape)}")
+            for ax, (s, actual) in enumerate(zip(node.shape, a.shape)):
+                if isinstance(s, sym.Var):
+                    if s.name in env and env[s.name] != actual:
+                        raise ValueError(f"input {name!r} axis {ax} has size {actual}, but dimension {s.name!r} "
+                                         f"is {env[s.name]}")
+                    env[s.name] = actual
+            arrays[name] = a
+        for v in self.program.dims:
+            if v.name not in env:
+                raise ValueError(f"dimension {v.name!r} is unbound: no input determines it; pass dims={{'{v.name}': ...}}")
+            if not v.lo <= env[v.name] <= v.hi:
+                raise ValueError(f"dimension {v.name!r} = {env[v.name]} is outside its bounds [{v.lo}, {v.hi}]")
+        for node in self.program.inputs:
+            a = arrays[node.arg]
+            want = tuple(int(sym.evaluate(s, env)) for s in node.shape)
+            if a.shape != want:
+                raise ValueError(f"input {node.arg!r} has shape {a.shape}, expected {want} "
+                                 f"(from {_shape_str(node.shape)} with {env})")
+        return arrays, env
+
+    def __call__(self, dims: Mapping[str, int] | None = None, **inputs: np.ndarray) -> tuple[np.ndarray, ...]:
+        arrays, env = self.bind(inputs, dims)
+        return tuple(self.executor.run(arrays, env))
+
+    def output_shapes(self, env: Mapping[str, int]) -> list[tuple[int, ...]]:
+        return [tuple(int(sym.evaluate(s, env)) for s in st.shape) for _, st in self.program.outputs]
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of intermediate memory the executor allocates (0 where it does not plan memory)."""
+        return int(getattr(self.executor, "arena_bytes", 0))
+
+
+def output_dtype_numpy(d: dt.DType) -> np.dtype:
+    return d.np
