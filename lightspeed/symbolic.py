@@ -474,7 +474,7 @@ def sym_lower(x: Expr) -> sint:
 def proven_lt(a: sint, b: sint) -> bool:
     """True if a < b holds for every value of the variables (a sound, incomplete test)."""
     a, b = to_expr(a), to_expr(b)
-    if a.hi < b.lo:
+    if a.hi < b.lo or to_expr(add(b, mul(a, -1))).lo > 0:
         return True
     diff = to_expr(add(b, mul(sym_upper(a), -1)))
     return diff.lo > 0
@@ -483,7 +483,7 @@ def proven_lt(a: sint, b: sint) -> bool:
 def proven_ge(a: sint, b: sint) -> bool:
     """True if a >= b always."""
     a, b = to_expr(a), to_expr(b)
-    if a.lo >= b.hi:
+    if a.lo >= b.hi or to_expr(add(a, mul(b, -1))).lo >= 0:
         return True
     diff = to_expr(add(a, mul(sym_upper(b), -1)))
     return diff.lo >= 0
