@@ -280,10 +280,11 @@ class Tensor:
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices ({n_real}) for a tensor of shape {_shape_str(self.shape)}")
-        if Ellipsis in idx:
-            k = idx.index(Ellipsis)
+        if any(i is Ellipsis for i in idx):
+            k = next(p for p, i in enumerate(idx) if i is Ellipsis)
             idx = idx[:k] + (slice(None),) * (self.ndim - n_real) + idx[k + 1:]
-        idx = idx + (slice(None),) * (self.ndim - n_real)
+        else:
+            idx = idx + (slice(None),) * (self.ndim - n_real)
         ranges, final_shape, strides = [], [], []
         axis = 0
         for pos, i in enumerate(idx):
