@@ -1,17 +1,21 @@
-"""Neural-network building blocks: softmax, norms."""
+"""Neural-network building blocks: softmax, norms, embedding lookup."""
 from __future__ import annotations
 
+from ..shape import _shape_str
 from ..tensor import Tensor
 from .elementwise import _float, exp, log, rsqrt
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """exp(x) / sum(exp(x)) along ``axis``, shifted by the max so large inputs cannot overflow.
+    -inf entries get weight 0 (a row that is entirely -inf is NaN, as in PyTorch)."""
     x = _float(x)
     e = exp(x - x.max(axis, keepdim=True))
     return e / e.sum(axis, keepdim=True)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """x - logsumexp(x) along ``axis``, computed from the max-shifted values."""
     x = _float(x)
     shifted = x - x.max(axis, keepdim=True)
     return shifted - log(exp(shifted).sum(axis, keepdim=True))
@@ -19,7 +23,7 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5,
                axis: int = -1) -> Tensor:
-    """(x - mean) / sqrt(var + eps) * weight + bias over ``axis``."""
+    """(x - mean) / sqrt(var + eps) * weight + bias over ``axis`` (biased variance, as PyTorch)."""
     x = _float(x)
     mu = x.mean(axis, keepdim=True)
     d = x - mu
@@ -32,7 +36,18 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, axis: int = -1) -> Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight over ``axis``."""
+    """x / sqrt(mean(x^2) + eps) * weight over ``axis`` (Llama's RMSNorm)."""
     x = _float(x)
     out = x * rsqrt((x * x).mean(axis, keepdim=True) + eps)
     return out * weight if weight is not None else out
+
+
+def embedding(weight: Tensor, ids: Tensor) -> Tensor:
+    """Rows of ``weight [vocab, dim]`` picked by integer ``ids`` of any shape -> ``ids.shape + (dim,)``.
+    Out-of-range ids give zero rows (Gather's semantics)."""
+    if not isinstance(ids, Tensor) or not ids.dtype.is_int:
+        raise ValueError(f"embedding: ids must be an integer Tensor, got "
+                         f"{getattr(ids, 'dtype', type(ids).__name__)}")
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be [vocab, dim], got shape {_shape_str(weight.shape)}")
+    return weight.gather(ids)

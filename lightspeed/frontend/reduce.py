@@ -28,18 +28,24 @@ def _reduce(x: Tensor, axis, keepdim: bool, prim: str) -> Tensor:
 
 
 def sum(x: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Sum over ``axis`` (an int, a sequence of ints, or None for all axes); bools are counted as int32."""
     return _reduce(x, axis, keepdim, "sum")
 
 
 def max(x: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Maximum over ``axis`` (an int, a sequence of ints, or None for all axes)."""
     return _reduce(x, axis, keepdim, "max")
 
 
 def min(x: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Minimum over ``axis``, as -max(-x)."""
+    if x.dtype.kind in "ub":  # -x wraps around for unsigned types: compute in int64
+        return min(x.cast(dt.int64), axis, keepdim).cast(x.dtype if x.dtype is not dt.bool_ else dt.int32)
     return -_reduce(-x, axis, keepdim, "max")
 
 
 def count(x: Tensor, axis) -> sym.sint:
+    """Number of elements a reduction over ``axis`` combines (may be symbolic)."""
     n: sym.sint = 1
     for a in _axes(x, axis):
         n = sym.mul(n, x.shape[a])
@@ -47,6 +53,7 @@ def count(x: Tensor, axis) -> sym.sint:
 
 
 def mean(x: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    """Arithmetic mean over ``axis`` (integers become float32); symbolic sizes are divided at run time."""
     xf = x if x.dtype.is_float else x.cast(dt.float32)
     s = sum(xf, axis, keepdim)
     n = count(x, axis)
@@ -70,20 +77,22 @@ def var(x: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = Fals
 def argmax(x: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
     """Index of the first maximum along ``axis`` (flattened when ``axis`` is None), as int32."""
     if axis is None:
-        return argmax(x.reshape((-1,)), 0, keepdim=False)
+        flat = argmax(x.reshape((-1,)), 0, keepdim=False)
+        return flat.reshape((1,) * x.ndim) if keepdim else flat
     axis = _norm_axis(axis, x.ndim, "argmax")
     n = x.shape[axis]
-    mx = max(x, axis, keepdim=True)
-    idx = x.graph.iota(n, dt.int32)
-    idx = idx.reshape(tuple(n if k == axis else 1 for k in range(x.ndim))).broadcast_to(x.shape)
-    # first index where x == max: take the max of (n - idx) over hits
-    hits = x.eq(mx)
-    rev = hits * (idx * -1 + x.graph.constant_dim(n, dt.int32).broadcast_to(x.shape))
-    first = rev.max(axis, keepdim) * -1 + x.graph.constant_dim(n, dt.int32).broadcast_to(rev.max(axis, keepdim).shape)
-    return first
+    idx = x.graph.iota(n, dt.int32).reshape(tuple(n if k == axis else 1 for k in range(x.ndim)))
+    n_t = x.graph.constant_dim(n, dt.int32)
+    # the first hit has the largest n - idx: a max-reduce finds it without a min
+    hits = x.eq(max(x, axis, keepdim=True))
+    best = (hits * (n_t - idx).broadcast_to(x.shape)).max(axis, keepdim)
+    return n_t - best
 
 
 def argmin(x: Tensor, axis: int | None = None, keepdim: bool = False) -> Tensor:
+    """Index of the first minimum along ``axis``, as int32."""
+    if x.dtype.kind in "ub":
+        x = x.cast(dt.int64)
     return argmax(-x, axis, keepdim)
 
 
