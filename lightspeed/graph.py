@@ -82,7 +82,8 @@ class Graph:
                 raise ValueError(f"{op.value}: operands come from different graphs")
         # floats are keyed by their bits so that 0.0 and -0.0 stay distinct
         arg_key = ("f", arg.hex()) if isinstance(arg, float) else arg
-        key = (op, arg_key, dtype.name, tuple((s.id, st) for s, st in srcs))
+        # the shape is part of the key: source nodes (Iota) differ by nothing else
+        key = (op, arg_key, dtype.name, tuple((s.id, st) for s, st in srcs), tuple(shape))
         n = self._nodes.get(key)
         if n is None:
             n = Node(self, op, srcs, arg, dtype, tuple(shape), len(self.order))
