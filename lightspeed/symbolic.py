@@ -624,7 +624,7 @@ def logical_and(a: sint, b: sint) -> sint:
     if isinstance(b, Const):
         return 0 if b.value == 0 else _simplest(_bool(a))
     if a == b:
-        return _simplest(a)
+        return _simplest(_bool(a))  # x and x is 0 or 1, not x
     if b.sort_key() < a.sort_key():
         a, b = b, a
     return And(a, b, 0, 1)
