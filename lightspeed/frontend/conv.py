@@ -30,8 +30,9 @@ def unfold(x: Tensor, axis: int, kernel: int, stride: int = 1, dilation: int = 1
     length = x.shape[axis]
     span = dilation * (kernel - 1) + 1
     if not sym.proven_ge(length, span):
-        raise ValueError(f"unfold: axis {axis} of shape {_shape_str(x.shape)} is shorter than the kernel span "
-                         f"{span} (kernel {kernel}, dilation {dilation})")
+        hint = "" if sym.is_const(length) else "; give its symbolic dimension a lower bound that guarantees it"
+        raise ValueError(f"unfold: axis {axis} of shape {_shape_str(x.shape)} may be shorter than the kernel span "
+                         f"{span} (kernel {kernel}, dilation {dilation}){hint}")
     if not sym.is_const(length) and stride != 1:
         raise NotImplementedError(f"unfold: stride {stride} over a symbolic length ({_shape_str(x.shape)}) is not "
                                   "supported; only stride 1 is")
