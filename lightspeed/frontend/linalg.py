@@ -31,5 +31,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias, with weight laid out [out_features, in_features] as in PyTorch."""
+    if weight.ndim != 2 or x.ndim < 1 or not sym.same(x.shape[-1], weight.shape[1]):
+        raise ValueError(f"linear: input of shape {_shape_str(x.shape)} and weight of shape "
+                         f"{_shape_str(weight.shape)} do not match (weight is [out_features, in_features])")
+    if bias is not None and (bias.ndim != 1 or not sym.same(bias.shape[0], weight.shape[0])):
+        raise ValueError(f"linear: bias of shape {_shape_str(bias.shape)} does not match weight of shape "
+                         f"{_shape_str(weight.shape)}")
     out = matmul(x, weight.T)
     return out + bias if bias is not None else out

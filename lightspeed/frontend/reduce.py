@@ -8,17 +8,16 @@ from .. import symbolic as sym
 from ..tensor import Tensor, _norm_axis
 
 
-def _axes(x: Tensor, axis) -> list[int]:
+def _axes(x: Tensor, axis, what: str = "reduce") -> list[int]:
     if axis is None:
         return list(range(x.ndim))
     if isinstance(axis, int):
         axis = (axis,)
-    out = sorted({_norm_axis(a, x.ndim, "reduce") for a in axis})
-    return out
+    return sorted({_norm_axis(a, x.ndim, what) for a in axis})
 
 
 def _reduce(x: Tensor, axis, keepdim: bool, prim: str) -> Tensor:
-    axes = _axes(x, axis)
+    axes = _axes(x, axis, prim)
     out = x
     for a in reversed(axes):
         out = out.sum_reduce(a) if prim == "sum" else out.max_reduce(a)
