@@ -43,7 +43,8 @@ from enum import IntEnum
 
 
 class QType(IntEnum):
-    """ggml tensor type ids (the numbers stored in GGUF tensor headers)."""
+    """ggml tensor type ids (the numbers stored in GGUF tensor headers). Types that only exist
+    inside ggml's compute (Q8_1, Q8_K) are left out: files never store them."""
 
     F32 = 0
     F16 = 1
@@ -52,19 +53,29 @@ class QType(IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
-    Q8_1 = 9
     Q2_K = 10
     Q3_K = 11
     Q4_K = 12
     Q5_K = 13
     Q6_K = 14
-    Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
     I8 = 24
     I16 = 25
     I32 = 26
     I64 = 27
     F64 = 28
+    IQ1_M = 29
     BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
+    MXFP4 = 39
 
 
 @dataclass(frozen=True)
@@ -111,11 +122,21 @@ FORMATS: dict[QType, BlockFormat] = {f.qtype: f for f in (
 # validate tensor extents when reading a file.
 OTHER_SIZES: dict[QType, tuple[int, int]] = {
     QType.Q5_1: (32, 24),
-    QType.Q8_1: (32, 36),
     QType.Q2_K: (256, 84),
     QType.Q3_K: (256, 110),
     QType.Q5_K: (256, 176),
-    QType.Q8_K: (256, 292),
+    QType.IQ2_XXS: (256, 66),
+    QType.IQ2_XS: (256, 74),
+    QType.IQ3_XXS: (256, 98),
+    QType.IQ1_S: (256, 50),
+    QType.IQ4_NL: (32, 18),
+    QType.IQ3_S: (256, 110),
+    QType.IQ2_S: (256, 82),
+    QType.IQ4_XS: (256, 136),
+    QType.IQ1_M: (256, 56),
+    QType.TQ1_0: (256, 54),
+    QType.TQ2_0: (256, 66),
+    QType.MXFP4: (32, 17),
     QType.I8: (1, 1),
     QType.I16: (1, 2),
     QType.I32: (1, 4),

@@ -1,0 +1,3 @@
+"""tmp"""
+from .errors import ModelFormatError
+from .gguf import GGUFFile, GGUFTensor, GGUFTokenizerInfo, load_gguf
