@@ -1,0 +1,94 @@
+/* Lightspeed generated-code prelude: helpers every kernel may use.
+ * Index arithmetic is int64; float16 and bfloat16 values are computed in float. */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+
+typedef void (*ls_task_fn)(void *ctx, int64_t begin, int64_t end);
+extern void ls_parallel_for(ls_task_fn fn, void *ctx, int64_t n);
+
+typedef struct { void **bufs; const int64_t *dims; char *arena; } ls_args;
+
+static inline int64_t ls_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t ls_max(int64_t a, int64_t b) { return a > b ? a : b; }
+/* floor division and modulo (Python semantics) for operands that may be negative */
+static inline int64_t ls_floordiv(int64_t a, int64_t b) {
+    int64_t q = a / b;
+    return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t ls_floormod(int64_t a, int64_t b) { return a - ls_floordiv(a, b) * b; }
+
+/* split the last axis into chunks when the outer axes alone give too little parallel work */
+static inline int64_t ls_chunks(int64_t outer, int64_t last) {
+    if (outer >= 32 || last < 512) return 1;
+    int64_t want = (32 + outer - 1) / outer, most = last / 256;
+    return want < most ? want : most;
+}
+
+static inline float ls_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t ls_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float ls_bf16_to_f32(uint16_t h) { return ls_bits_f32((uint32_t)h << 16); }
+static inline uint16_t ls_f32_to_bf16(float f) {
+    uint32_t u = ls_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  /* round to nearest even */
+}
+
+/* 2**x without libm, branch-free so loops vectorise; ~1 ulp. */
+static inline float ls_exp2f(float x) {
+    float xc = x < -151.0f ? -151.0f : (x > 128.0f ? 128.0f : x);
+    float fi = __builtin_floorf(xc + 0.5f);
+    float f = xc - fi;
+    float p = 1.5252734e-5f;
+    p = p * f + 1.5403530e-4f;
+    p = p * f + 1.3333558e-3f;
+    p = p * f + 9.6181291e-3f;
+    p = p * f + 5.5504109e-2f;
+    p = p * f + 2.4022651e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    int32_t i = (int32_t)fi;
+    int32_t i1 = i >> 1, i2 = i - (i >> 1);  /* two factors keep 2**i representable */
+    float s1 = ls_bits_f32((uint32_t)(i1 + 127) << 23), s2 = ls_bits_f32((uint32_t)(i2 + 127) << 23);
+    float r = p * s1 * s2;
+    return x != x ? x : r;
+}
+
+/* log2(x) without libm, branch-free; ~2 ulp. */
+static inline float ls_log2f(float x) {
+    int sub = x < 1.17549435e-38f;
+    float xs = sub ? x * 8388608.0f : x;  /* scale subnormals by 2**23 */
+    uint32_t u = ls_f32_bits(xs);
+    int32_t e = (int32_t)((u >> 23) & 0xff) - 127 - (sub ? 23 : 0);
+    float m = ls_bits_f32((u & 0x7fffffu) | 0x3f800000u);  /* [1, 2) */
+    int big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e += big;
+    float t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
+    float p = 0.11111111f;
+    p = p * t2 + 0.14285714f;
+    p = p * t2 + 0.2f;
+    p = p * t2 + 0.33333333f;
+    p = p * t2 + 1.0f;
+    float r = (float)e + p * t * 2.8853900817779268f;  /* 2/ln(2) */
+    r = (x == 0.0f) ? -INFINITY : r;
+    r = (x == INFINITY) ? INFINITY : r;
+    r = (x < 0.0f || x != x) ? NAN : r;
+    return r;
+}
+
+/* max that propagates NaN like numpy */
+static inline float ls_maxf(float a, float b) { return (b > a || b != b) ? b : a; }
+
+/* saturating float -> int conversions (NaN -> 0), matching the reference backend */
+#define LS_F2I(name, T, LO, HI) \
+    static inline T name(float x) { \
+        return x != x ? (T)0 : x <= (float)(LO) ? (T)(LO) : x >= (float)(HI) ? (T)(HI) : (T)x; }
+LS_F2I(ls_f2i8, int8_t, -128, 127)
+LS_F2I(ls_f2u8, uint8_t, 0, 255)
+LS_F2I(ls_f2i16, int16_t, -32768, 32767)
+LS_F2I(ls_f2u16, uint16_t, 0, 65535)
+LS_F2I(ls_f2i32, int32_t, -2147483648.0, 2147483647.0)
+LS_F2I(ls_f2u32, uint32_t, 0, 4294967295.0)
+LS_F2I(ls_f2i64, int64_t, -9223372036854775808.0, 9223372036854775807.0)

@@ -1,0 +1,316 @@
+"""Render a KernelPlan as one C translation unit exporting ``ls_graph(bufs, dims, arena)``.
+
+Each kernel becomes a static function over a range of parallel work items, run by
+the warm thread pool of the native runtime when the work is large enough, inline
+otherwise. Inner reductions and gathers are GNU statement expressions, so a value
+under a validity guard (padding) is never evaluated out of bounds.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from pathlib import Path
+
+from ... import dtypes as dt
+from ... import symbolic as sym
+from ...kernel import ir
+from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
+from ...ops import Op
+
+PRELUDE = (Path(__file__).with_name("prelude.h")).read_text()
+PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
+TILE = 16  # outputs accumulated at once by a tiled reduction
+
+STORAGE = {
+    dt.float32: "float", dt.float16: "_Float16", dt.bfloat16: "uint16_t", dt.int8: "int8_t", dt.uint8: "uint8_t",
+    dt.int16: "int16_t", dt.uint16: "uint16_t", dt.int32: "int32_t", dt.uint32: "uint32_t", dt.int64: "int64_t",
+    dt.bool_: "uint8_t",
+}
+UNSIGNED_OF = {"int8_t": "uint8_t", "int16_t": "uint16_t", "int32_t": "uint32_t", "int64_t": "uint64_t",
+               "uint8_t": "uint8_t", "uint16_t": "uint16_t", "uint32_t": "uint32_t"}
+F2I = {dt.int8: "ls_f2i8", dt.uint8: "ls_f2u8", dt.int16: "ls_f2i16", dt.uint16: "ls_f2u16", dt.int32: "ls_f2i32",
+       dt.uint32: "ls_f2u32", dt.int64: "ls_f2i64"}
+
+
+def compute_type(d: dt.DType) -> str:
+    """The C type values of ``d`` are computed in."""
+    if d.is_float:
+        return "float"
+    if d is dt.bool_:
+        return "int"
+    return STORAGE[d]
+
+
+def float_literal(v: float) -> str:
+    if math.isnan(v):
+        return "NAN"
+    if math.isinf(v):
+        return "INFINITY" if v > 0 else "(-INFINITY)"
+    return f"{float(v).hex()}f" if v != int(v) or abs(v) >= 2**24 else f"{float(v):.1f}f"
+
+
+class KernelRenderer:
+    """Renders the IR of one kernel; keeps counters for unique local names."""
+
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self.dims = set(plan.dims)
+        self.n = 0
+
+    def var(self, v: sym.Var) -> str:
+        """C name of a variable: program dimensions are D_<name>, loop variables keep their name."""
+        return f"D_{v.name}" if v in self.dims else v.name
+
+    def idx(self, e: sym.sint) -> str:
+        return sym.render_c(e, self.var)
+
+    def buf(self, b: ir.Buffer) -> str:
+        return f"b{b.slot}" if b.kind != "temp" else f"t_{b.name}"
+
+    def load(self, b: ir.Buffer, off: sym.sint) -> str:
+        ref = f"{self.buf(b)}[{self.idx(off)}]"
+        if b.dtype is dt.bfloat16:
+            return f"ls_bf16_to_f32({ref})"
+        if b.dtype is dt.float16:
+            return f"((float){ref})"
+        if b.dtype is dt.bool_:
+            return f"((int){ref})"
+        return ref
+
+    def store_value(self, d: dt.DType, v: str) -> str:
+        if d is dt.bfloat16:
+            return f"ls_f32_to_bf16({v})"
+        if d is dt.float16:
+            return f"(_Float16)({v})"
+        if d is dt.bool_:
+            return f"(uint8_t)(({v}) != 0)"
+        return f"({STORAGE[d]})({v})"
+
+    def const(self, value, d: dt.DType) -> str:
+        if d.is_float:
+            return float_literal(float(value))
+        if d is dt.bool_:
+            return "1" if value else "0"
+        if d is dt.int64:
+            return f"((int64_t){int(value)}LL)"
+        return f"(({STORAGE[d]}){int(value)})"
+
+    def zero(self, d: dt.DType) -> str:
+        return "0.0f" if d.is_float else "0"
+
+    def expr(self, x: ir.IR) -> str:
+        """C expression for IR ``x`` in its compute type."""
+        if isinstance(x, ir.Load):
+            return self.load(x.buf, x.offset)
+        if isinstance(x, ir.Const):
+            return self.const(x.value, x.dtype)
+        if isinstance(x, ir.Index):
+            return f"(({compute_type(x.dtype)})({self.idx(x.expr)}))"
+        if isinstance(x, ir.Select):
+            return f"(({self.idx(x.valid)}) ? ({self.expr(x.value)}) : {self.zero(x.dtype)})"
+        if isinstance(x, ir.Cast):
+            return self.cast(x.arg, x.dtype)
+        if isinstance(x, ir.Alu):
+            return self.alu(x)
+        if isinstance(x, ir.Reduce):
+            return self.reduce(x)
+        if isinstance(x, ir.Gather):
+            return self.gather(x)
+        raise NotImplementedError(f"C renderer: {type(x).__name__}")
+
+    def cast(self, arg: ir.IR, to: dt.DType) -> str:
+        v, src = self.expr(arg), arg.dtype
+        if to is dt.bool_:
+            return f"(({v}) != 0)"
+        if to.is_float:
+            if to is dt.float16:
+                return f"((float)(_Float16)({v}))"
+            if to is dt.bfloat16:
+                return f"ls_bf16_to_f32(ls_f32_to_bf16((float)({v})))"
+            return f"((float)({v}))"
+        if src.is_float:
+            return f"{F2I[to]}({v})"
+        return f"(({STORAGE[to]})({v}))"
+
+    def alu(self, x: ir.Alu) -> str:
+        op, d = x.op, x.dtype
+        a = [self.expr(s) for s in x.args]
+        if op is Op.LOG2:
+            return f"ls_log2f({a[0]})"
+        if op is Op.EXP2:
+            return f"ls_exp2f({a[0]})"
+        if op is Op.SIN:
+            return f"sinf({a[0]})"
+        if op is Op.SQRT:
+            return f"sqrtf({a[0]})"
+        if op is Op.RECIP:
+            return f"(1.0f / ({a[0]}))"
+        if op is Op.LESS_THAN:
+            return f"(({a[0]}) < ({a[1]}))"
+        if op is Op.MUL:
+            ta, tb = x.args[0].dtype, x.args[1].dtype
+            if ta is dt.bool_ and tb is dt.bool_:
+                return f"(({a[0]}) & ({a[1]}))"
+            if ta is dt.bool_:
+                return f"(({a[0]}) ? ({a[1]}) : {self.zero(d)})"
+            if tb is dt.bool_:
+                return f"(({a[1]}) ? ({a[0]}) : {self.zero(d)})"
+        if op is Op.MOD:
+            if d.is_float:
+                return f"fmodf({a[0]}, {a[1]})"
+            t = compute_type(d)
+            return f"({{ {t} _m = ({a[1]}); _m == 0 ? ({t})0 : ({t})(({a[0]}) % _m); }})"
+        sym_op = "+" if op is Op.ADD else "*"
+        if d.is_float:
+            return f"(({a[0]}) {sym_op} ({a[1]}))"
+        t = compute_type(d)
+        u = UNSIGNED_OF.get(t, t)  # wrap-around integer arithmetic, as numpy does
+        return f"(({t})(({u})({a[0]}) {sym_op} ({u})({a[1]})))"
+
+    def _acc_type(self, d: dt.DType) -> str:
+        return "float" if d.is_float else ("int64_t" if d.kind in "ib" else "uint64_t")
+
+    def reduce(self, x: ir.Reduce) -> str:
+        self.n += 1
+        acc = f"acc{self.n}"
+        t = self._acc_type(x.dtype)
+        init = self.reduce_init(x)
+        body = self.expr(x.body)
+        step = self.reduce_step(x, acc, body)
+        nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.body.walk())
+        pragma = ""
+        if x.op is Op.SUM_REDUCE and not nested:
+            pragma = f'_Pragma("omp simd reduction(+:{acc})") '
+        v = self.var(x.var)
+        return (f"({{ {t} {acc} = {init}; {pragma}for (int64_t {v} = 0; {v} < {self.idx(x.size)}; {v}++) "
+                f"{{ {step}; }} ({compute_type(x.dtype)}){acc}; }})")
+
+    def reduce_init(self, x: ir.Reduce) -> str:
+        if x.op is Op.SUM_REDUCE:
+            return "0.0f" if x.dtype.is_float else "0"
+        if x.dtype.is_float:
+            return "(-INFINITY)"
+        if x.dtype is dt.int64:
+            return "INT64_MIN"
+        return f"({int(np.iinfo(x.dtype.np).min)}LL)" if x.dtype.kind == "i" else "0"
+
+    def reduce_step(self, x: ir.Reduce, acc: str, body: str) -> str:
+        if x.op is Op.SUM_REDUCE:
+            return f"{acc} += ({body})"
+        if x.dtype.is_float:
+            return f"{acc} = ls_maxf({acc}, ({body}))"
+        return f"{{ {self._acc_type(x.dtype)} _v = ({body}); {acc} = _v > {acc} ? _v : {acc}; }}"
+
+    def gather(self, x: ir.Gather) -> str:
+        g = self.var(x.var)
+        return (f"({{ const int64_t {g} = (int64_t)({self.expr(x.index)}); "
+                f"({g} >= 0 && {g} < {self.idx(x.rows)}) ? ({self.expr(x.body)}) : {self.zero(x.dtype)}; }})")
+
+    # kernels -----------------------------------------------------------------------
+    def kernel(self, k: ir.Kernel) -> tuple[str, str]:
+        """(the kernel's static function, the statement in ls_graph that runs it)."""
+        shape, vars_ = list(k.shape), list(k.loop_vars)
+        if not shape:  # a scalar: one iteration of a size-1 loop
+            shape, vars_ = [1], [_loop_var("ko_scalar", 1)]
+        outer, last = shape[:-1], shape[-1]
+        lines = [f"static void {k.name}(void *vctx, int64_t p0, int64_t p1) {{",
+                 "    const ls_args *a = (const ls_args *)vctx;", "    (void)a;"]
+        lines += [f"    {d}" for d in self.decls(k)]
+        P = self.idx(sym.prod(outer)) if outer else "1"
+        L = self.idx(last)
+        lines += [f"    const int64_t P = {P}, L = {L};", "    (void)P;",
+                  "    const int64_t nch = ls_chunks(P, L), C = (L + nch - 1) / nch;",
+                  "    for (int64_t p = p0; p < p1; p++) {",
+                  "        int64_t row = p / nch;", "        const int64_t ch = p % nch;"]
+        for v, s in reversed(list(zip(vars_[:-1], outer))):
+            lines.append(f"        const int64_t {self.var(v)} = row % {self.idx(s)}; row /= {self.idx(s)};")
+        lines += ["        (void)row;", "        const int64_t jb = ch * C, je = ls_min(L, jb + C);"]
+        jv = self.var(vars_[-1])
+        if k.schedule == "tiled":
+            lines += self.tiled_body(k, vars_, jv)
+        elif k.schedule == "scatter":
+            lines += self.scatter_body(k, vars_, jv)
+        else:
+            value = self.expr(k.value)
+            nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in k.value.walk())
+            off = self.idx(_dense_offset(vars_, shape)) if k.shape else "0"
+            if not nested:
+                lines.append("        _Pragma(\"omp simd\")")
+            lines += [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
+                      f"            {self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};",
+                      "        }"]
+        lines += ["    }", "}"]
+        work = sym.mul(sym.prod(shape), self.work_per_item(k.value))
+        call = (f"    {{ const int64_t P = {P}, L = {L}; const int64_t n = P * ls_chunks(P, L);\n"
+                f"      if (({self.idx(work)}) >= {PARALLEL_GRAIN}) ls_parallel_for({k.name}, &a, n); "
+                f"else {k.name}(&a, 0, n); }}")
+        return "\n".join(lines), call
+
+    def work_per_item(self, x: ir.IR) -> sym.sint:
+        if isinstance(x, ir.Reduce):
+            return sym.mul(x.size, sym.add(self.work_per_item(x.body), 1))
+        total: sym.sint = 1
+        for c in x.children():
+            total = sym.add(total, self.work_per_item(c))
+        return total
+
+    def tiled_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
+        red = k.value
+        assert isinstance(red, ir.Reduce)
+        out_t, acc_t = k.out.dtype, self._acc_type(red.dtype)
+        body = self.expr(red.body)
+        nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in red.body.walk())
+        rv = self.var(red.var)
+        off = self.idx(_dense_offset(vars_, k.shape))
+        step = self.reduce_step(red, "acc[jj]", body)
+        return [f"        for (int64_t j0 = jb; j0 < je; j0 += {TILE}) {{",
+                f"            const int64_t jn = ls_min({TILE}, je - j0);",
+                f"            {acc_t} acc[{TILE}];",
+                f"            for (int jj = 0; jj < {TILE}; jj++) acc[jj] = {self.reduce_init(red)};",
+                f"            for (int64_t {rv} = 0; {rv} < {self.idx(red.size)}; {rv}++) {{",
+                "                " + ("" if nested else "_Pragma(\"omp simd\") ") +
+                "for (int64_t jj = 0; jj < jn; jj++) {",
+                f"                    const int64_t {jv} = j0 + jj;",
+                f"                    {step};",
+                "                }",
+                "            }",
+                "            for (int64_t jj = 0; jj < jn; jj++) {",
+                f"                const int64_t {jv} = j0 + jj;",
+                f"                {self.buf(k.out)}[{off}] = {self.store_value(out_t, f'({compute_type(red.dtype)})acc[jj]')};",
+                "            }",
+                "        }"]
+
+    def scatter_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
+        rows_var = _loop_var("kid", k.scatter_rows)
+        off = self.idx(_dense_offset([rows_var] + list(vars_[1:]), k.out.shape))
+        return [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
+                f"            const int64_t kid = (int64_t)({self.expr(k.scatter_index)});",
+                f"            if (kid >= 0 && kid < {self.idx(k.scatter_rows)}) "
+                f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, self.expr(k.value))};",
+                "        }"]
+
+    def decls(self, k: ir.Kernel) -> list[str]:
+        out = []
+        bufs = [k.out] + [b for b in k.reads if b is not k.out]
+        for b in bufs:
+            ptr = f"a->bufs[{b.slot}]" if b.kind != "temp" else f"(a->arena + {b.offset})"
+            qual = "" if b is k.out else "const "
+            out.append(f"{qual}{STORAGE[b.dtype]} *restrict {self.buf(b)} = ({qual}{STORAGE[b.dtype]} *){ptr};")
+        for i, v in enumerate(self.plan.dims):
+            out.append(f"const int64_t D_{v.name} = a->dims[{i}]; (void)D_{v.name};")
+        return out
+
+
+def render_plan(plan: KernelPlan) -> str:
+    """The complete C source of a plan."""
+    r = KernelRenderer(plan)
+    funcs, calls = [], []
+    for k in plan.kernels:
+        f, c = r.kernel(k)
+        funcs.append(f)
+        calls.append(c)
+    dims = [f"    const int64_t D_{v.name} = dims[{i}]; (void)D_{v.name};" for i, v in enumerate(plan.dims)]
+    main = ["void ls_graph(void **bufs, const int64_t *dims, char *arena) {",
+            "    ls_args a = {bufs, dims, arena};", "    (void)a;"] + dims + calls + ["}"]
+    return PRELUDE + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"

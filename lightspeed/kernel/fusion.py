@@ -1,0 +1,333 @@
+"""Kernel formation: decide which nodes become buffers and inline everything else.
+
+A node is *materialised* (gets a buffer and a kernel) when it must exist: a graph
+output, a Scatter or Contiguous, a reduction read through a broadcasting view or by
+several consumers, or an elementwise value expensive enough that recomputing it
+for each consumer would cost more than storing it. Every other node is inlined
+into the kernels that read it, through the index arithmetic of the views on the
+way, so a permute, expand, slice or pad costs no copy and a broadcast Mul feeding
+a SumReduce (a matmul) is one reduction loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import symbolic as sym
+from ..graph import ArrayConst, Node, Program
+from ..ops import BINARY, ELEMENTWISE, REDUCE, UNARY, Op
+from ..shape import ShapeTracker, unravel
+from . import ir
+
+# Heuristic thresholds (a schedule search may tune these later).
+RECOMPUTE_MAX_COST = 12  # a value read by several kernels is recomputed when cheaper than this
+EXPAND_MAX_COST = 8  # a value read through a broadcast is recomputed when cheaper than this
+TRANSCENDENTAL = {Op.EXP2: 4, Op.LOG2: 4, Op.SIN: 8, Op.SQRT: 2, Op.RECIP: 2}
+
+
+@dataclass
+class KernelPlan:
+    """Kernels in execution order and the buffers they use."""
+
+    kernels: list[ir.Kernel]
+    inputs: list[ir.Buffer]
+    consts: list[tuple[ir.Buffer, ArrayConst]]
+    outputs: list[ir.Buffer]  # one per program output (may repeat a buffer)
+    temps: list[ir.Buffer] = field(default_factory=list)
+    arena_bytes: int = 0
+    dims: list[sym.Var] = field(default_factory=list)
+
+
+def _expands(st: ShapeTracker) -> bool:
+    """True if the view reads some element more than once (a stride-0 broadcast)."""
+    for v in st.views:
+        for s, stv in zip(v.shape, v.strides):
+            if sym.same(stv, 0) and not sym.same(s, 1):
+                return True
+    return False
+
+
+def _injective_plain(st: ShapeTracker) -> bool:
+    return len(st.views) == 1 and st.views[0].mask is None and not _expands(st)
+
+
+def _dense_offset(idx, shape) -> sint:
+    off: sint = 0
+    acc: sint = 1
+    for i, s in zip(reversed(list(idx)), reversed(list(shape))):
+        if not sym.same(s, 1):
+            off = sym.add(off, sym.mul(i, acc))
+        acc = sym.mul(acc, s)
+    return off
+
+
+def _loop_var(name: str, size: sint) -> sym.Var:
+    hi = max(sym.upper_bound(size) - 1, 0)
+    return sym.Var(name, 0, hi, sym.to_expr(sym.add(size, -1)) if not sym.is_const(size) else None)
+
+
+class Former:
+    """Builds a KernelPlan from a Program."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.graph = program.graph
+        self.outputs: list[Node] = []
+        for node, st in program.outputs:
+            if node.op in (Op.INPUT, Op.CONST, Op.IOTA) or not st.is_contiguous or not _same_shape(st.shape, node.shape):
+                node = self.graph.node(Op.CONTIGUOUS, [(node, st)], None, node.dtype, st.shape)
+            self.outputs.append(node)
+        seen: set[int] = set()
+        order: list[Node] = []
+        self._topo(self.outputs, seen, order)
+        self.nodes = order
+        self.consumers: dict[int, list[tuple[Node, ShapeTracker]]] = {n.id: [] for n in order}
+        for n in order:
+            for s, st in n.srcs:
+                self.consumers[s.id].append((n, st))
+        self.buffers: dict[int, ir.Buffer] = {}
+        self.costs: dict[int, int] = {}
+        self.counter = 0
+
+    @staticmethod
+    def _topo(roots, seen, order):
+        stack = [(r, False) for r in reversed(roots)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                order.append(n)
+                continue
+            if n.id in seen:
+                continue
+            seen.add(n.id)
+            stack.append((n, True))
+            for s, _ in reversed(n.srcs):
+                if s.id not in seen:
+                    stack.append((s, False))
+
+    # decisions ------------------------------------------------------------------
+    def _cost(self, n: Node) -> int:
+        if n.id in self.buffers or n.op in (Op.INPUT, Op.CONST, Op.IOTA):
+            return 1
+        if n.id in self.costs:
+            return self.costs[n.id]
+        own = TRANSCENDENTAL.get(n.op, 1)
+        c = own + sum(self._cost(s) for s, _ in n.srcs)
+        if n.op in REDUCE:
+            c = 1 << 20
+        self.costs[n.id] = c
+        return c
+
+    def _must_materialise(self, n: Node, is_output: bool) -> bool:
+        if is_output or n.op in (Op.SCATTER, Op.CONTIGUOUS):
+            return True
+        if n.op in (Op.CONST, Op.IOTA):
+            return False
+        uses = self.consumers[n.id]
+        if n.op in REDUCE:
+            if len(uses) != 1 or not _injective_plain(uses[0][1]):
+                return True
+            return self._reduce_schedule(n) == "tiled"
+        cost = self._cost(n)
+        if cost >= (1 << 20):  # contains an inlined reduction
+            return len(uses) > 1 or any(not _injective_plain(st) for _, st in uses)
+        if len(uses) > 1 and cost > RECOMPUTE_MAX_COST:
+            return True
+        if any(_expands(st) for _, st in uses) and cost > EXPAND_MAX_COST:
+            return True
+        return cost > 4 * RECOMPUTE_MAX_COST * 4
+
+    def _reduce_schedule(self, n: Node) -> str:
+        """'loop' when the largest operand is contiguous along the reduced axis, else 'tiled'
+        when it is contiguous along the last output axis."""
+        if not n.shape:
+            return "loop"
+        vars_ = [_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape)]
+        rvar = _loop_var("kr", n.srcs[0][1].shape[n.arg])
+        idx = list(vars_)
+        idx.insert(n.arg, rvar)
+        body = self._read(n.srcs[0][0], n.srcs[0][1], idx)
+        loads = [x for x in body.walk() if isinstance(x, ir.Load)]
+        if not loads:
+            return "loop"
+        big = max(loads, key=lambda ld: (ld.buf.nbytes or sym.upper_bound(sym.prod(ld.buf.shape))))
+        if _coef(big.offset, rvar) in (1, -1):
+            return "loop"
+        if _coef(big.offset, vars_[-1]) in (1, -1):
+            return "tiled"
+        return "loop"
+
+    # IR building ----------------------------------------------------------------
+    def _fresh(self, prefix: str, size: sint) -> sym.Var:
+        self.counter += 1
+        return _loop_var(f"{prefix}{self.counter}", size)
+
+    def _read(self, src: Node, st: ShapeTracker, idx) -> ir.IR:
+        off, valid = st.index(idx)
+        if src.id in self.buffers:
+            value: ir.IR = ir.Load(self.buffers[src.id], off, src.dtype)
+        else:
+            value = self._compute(src, unravel(off, src.shape))
+        if sym.same(valid, 1):
+            return value
+        if sym.same(valid, 0):
+            return ir.Const(0, src.dtype)
+        return ir.Select(valid, value, src.dtype)
+
+    def _compute(self, n: Node, idx) -> ir.IR:
+        """The IR of node ``n`` at index ``idx`` (ignoring whether ``n`` itself has a buffer)."""
+        op = n.op
+        if op is Op.CONST:
+            if isinstance(n.arg, ArrayConst):
+                return ir.Load(self.buffers[n.id], _dense_offset(idx, n.shape), n.dtype)
+            return ir.Const(n.arg, n.dtype)
+        if op is Op.INPUT:
+            return ir.Load(self.buffers[n.id], _dense_offset(idx, n.shape), n.dtype)
+        if op is Op.IOTA:
+            return ir.Index(idx[0], n.dtype)
+        if op in UNARY or op in BINARY:
+            args = tuple(self._read(s, st, idx) for s, st in n.srcs)
+            return ir.Alu(op, args, n.dtype)
+        if op is Op.CAST:
+            return ir.Cast(self._read(n.srcs[0][0], n.srcs[0][1], idx), n.dtype)
+        if op is Op.CONTIGUOUS:
+            return self._read(n.srcs[0][0], n.srcs[0][1], idx)
+        if op in REDUCE:
+            src, st = n.srcs[0]
+            r = self._fresh("kr", st.shape[n.arg])
+            full = list(idx)
+            full.insert(n.arg, r)
+            return ir.Reduce(op, r, st.shape[n.arg], self._read(src, st, full), n.dtype)
+        if op is Op.GATHER:
+            (data, dst), (ind, ist) = n.srcs
+            k = ist.ndim
+            index = self._read(ind, ist, idx[:k])
+            g = self._fresh("kg", dst.shape[0])
+            body = self._read(data, dst, [g] + list(idx[k:]))
+            return ir.Gather(index, g, dst.shape[0], body, n.dtype)
+        raise NotImplementedError(f"kernel formation: cannot inline {op}")
+
+    # plan --------------------------------------------------------------------------
+    def plan(self) -> KernelPlan:
+        inputs: list[ir.Buffer] = []
+        consts: list[tuple[ir.Buffer, ArrayConst]] = []
+        slot = 0
+        name_of = {n.arg: n for n in self.program.inputs}
+        for node in self.program.inputs:  # inputs keep the program's order
+            b = ir.Buffer("input", node.dtype, node.shape, node.arg, slot, nbytes=_nbytes(node))
+            slot += 1
+            self.buffers[node.id] = b
+            inputs.append(b)
+        for n in self.nodes:
+            if n.op is Op.INPUT and n.id not in self.buffers:  # pragma: no cover - inputs come from the program
+                raise ValueError(f"input {n.arg!r} is not part of the program inputs {sorted(name_of)}")
+            if n.op is Op.CONST and isinstance(n.arg, ArrayConst):
+                b = ir.Buffer("const", n.dtype, n.shape, f"const{n.id}", slot, nbytes=_nbytes(n))
+                slot += 1
+                self.buffers[n.id] = b
+                consts.append((b, n.arg))
+        output_ids = {n.id for n in self.outputs}
+        out_bufs: dict[int, ir.Buffer] = {}
+        kernels: list[ir.Kernel] = []
+        temps: list[ir.Buffer] = []
+        for k, n in enumerate(self.outputs):
+            if n.id not in out_bufs:
+                out_bufs[n.id] = ir.Buffer("output", n.dtype, n.shape, f"out{k}", slot, nbytes=_nbytes(n))
+                slot += 1
+        for n in self.nodes:
+            if n.id in self.buffers:
+                continue
+            if not self._must_materialise(n, n.id in output_ids):
+                continue
+            buf = out_bufs.get(n.id) or ir.Buffer("temp", n.dtype, n.shape, f"t{n.id}", nbytes=_nbytes(n))
+            if buf.kind == "temp":
+                temps.append(buf)
+            kernels.extend(self._kernels_for(n, buf))
+            self.buffers[n.id] = buf
+        for kern in kernels:
+            kern.reads = _reads(kern)
+        plan = KernelPlan(kernels, inputs, consts, [out_bufs[n.id] for n in self.outputs], temps,
+                          dims=list(self.program.dims))
+        plan.arena_bytes = plan_memory(plan)
+        return plan
+
+    def _kernels_for(self, n: Node, buf: ir.Buffer) -> list[ir.Kernel]:
+        name = f"k{n.id}"
+        vars_ = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape))
+        if n.op is Op.SCATTER:
+            (dest, dst), (ind, ist), (src, sst) = n.srcs
+            copy = ir.Kernel(name + "_copy", buf, n.shape, vars_, self._read(dest, dst, list(vars_)))
+            m = _loop_var("km", ind.shape[0])
+            rest = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape[1:], start=1))
+            svars = (m,) + rest
+            index = self._read(ind, ist, [m])
+            value = self._read(src, sst, list(svars))
+            write = ir.Kernel(name, buf, (ind.shape[0],) + n.shape[1:], svars, value, "scatter", index, n.shape[0])
+            return [copy, write]
+        value = self._compute(n, list(vars_))
+        schedule = "loop"
+        if n.op in REDUCE and self._reduce_schedule(n) == "tiled":
+            schedule = "tiled"
+        return [ir.Kernel(name, buf, n.shape, vars_, value, schedule)]
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(sym.same(x, y) for x, y in zip(a, b))
+
+
+def _nbytes(n: Node) -> int:
+    return max(sym.upper_bound(sym.prod(n.shape)), 1) * n.dtype.itemsize
+
+
+def _coef(expr: sint, var: sym.Var) -> int | None:
+    """The constant coefficient of ``var`` in a linear offset, or None if it is not linear in it."""
+    e = sym.to_expr(expr)
+    if e == var:
+        return 1
+    if isinstance(e, sym.Sum):
+        for t, k in e.terms:
+            if t == var:
+                return k
+        return 0 if var not in e.vars() else None
+    return 0 if var not in e.vars() else None
+
+
+def _reads(kern: ir.Kernel) -> list[ir.Buffer]:
+    out: list[ir.Buffer] = []
+    roots = [kern.value] + ([kern.scatter_index] if kern.scatter_index is not None else [])
+    for root in roots:
+        for x in root.walk():
+            if isinstance(x, ir.Load) and x.buf not in out:
+                out.append(x.buf)
+    return out
+
+
+def plan_memory(plan: KernelPlan, align: int = 64) -> int:
+    """Place temporary buffers in one arena, reusing space of buffers that are dead (first fit)."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for k, kern in enumerate(plan.kernels):
+        b = kern.out
+        first.setdefault(id(b), k)
+        last[id(b)] = max(last.get(id(b), k), k)
+        for r in kern.reads:
+            last[id(r)] = k
+    live: list[tuple[int, int, ir.Buffer]] = []  # (offset, end, buffer)
+    top = 0
+    for b in sorted(plan.temps, key=lambda b: first[id(b)]):
+        start = first[id(b)]
+        live = [x for x in live if last[id(x[2])] >= start]
+        size = (b.nbytes + align - 1) // align * align
+        offset = 0
+        for off, end, _ in sorted(live):
+            if offset + size <= off:
+                break
+            offset = max(offset, end)
+        b.offset = offset
+        live.append((offset, offset + size, b))
+        top = max(top, offset + size)
+    return top
+
+
+def form_kernels(program: Program) -> KernelPlan:
+    """The kernel plan of ``program``."""
+    return Former(program).plan()
