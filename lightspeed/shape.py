@@ -27,6 +27,11 @@ def contiguous_strides(shape: Sequence[sint]) -> tuple[sint, ...]:
     return tuple(reversed(strides))
 
 
+def _valid_at_zero(b: sint, e: sint) -> sint:
+    """1 where index 0 lies in the mask range [b, e), else 0."""
+    return sym.logical_and(sym.lt(b, 1), sym.lt(0, e))
+
+
 @dataclass(frozen=True)
 class View:
     shape: tuple[sint, ...]
@@ -78,7 +83,8 @@ class View:
         strides = tuple(0 if not sym.same(o, n) else s for o, n, s in zip(self.shape, shape, self.strides))
         mask = None
         if self.mask is not None:
-            mask = tuple(((0, n) if sym.same(e, 1) else (0, 0)) if not sym.same(o, n) else (b, e)
+            # an expanded size-1 axis is valid everywhere or nowhere: where its one element is valid
+            mask = tuple((0, sym.mul(n, _valid_at_zero(b, e))) if not sym.same(o, n) else (b, e)
                          for (b, e), o, n in zip(self.mask, self.shape, shape))
         v = View(tuple(shape), strides, self.offset, None)
         return View(v.shape, v.strides, v.offset, v._norm_mask(mask))
@@ -237,6 +243,8 @@ class ShapeTracker:
         if len(ranges) != self.ndim:
             raise ValueError(f"slice: {len(ranges)} ranges for shape {_shape_str(self.shape)}")
         for (b, e), s in zip(ranges, self.shape):
+            if sym.same(b, 0) and sym.same(e, s):
+                continue  # the whole axis (interval bounds of a size expression can be too loose to prove it)
             if sym.to_expr(b).lo < 0 or not sym.proven_ge(e, b) or not sym.proven_ge(s, e):
                 raise ValueError(f"slice: range [{b}, {e}) is not inside an axis of size {s} "
                                  f"(shape {_shape_str(self.shape)})")
@@ -262,8 +270,15 @@ def unravel(linear: sint, shape: Sequence[sint]) -> list[sint]:
         if sym.same(s, 1):
             out.append(0)
             continue
-        q = sym.floordiv(linear, acc)
+        # a symbolic size that can be 0 leaves no valid element to index, but the expression is still
+        # evaluated (under a mask, or by a backend's loop over a padded shape): never divide by 0
+        q = sym.floordiv(linear, _nonzero(acc))
         # the outermost axis needs no modulo: valid offsets are below the element count
-        out.append(q if k == outer else sym.mod(q, s))
+        out.append(q if k == outer else sym.mod(q, _nonzero(s)))
         acc = sym.mul(acc, s)
     return list(reversed(out))
+
+
+def _nonzero(x: sint) -> sint:
+    """``x``, or ``max(x, 1)`` where ``x`` may be 0."""
+    return x if sym.to_expr(x).lo > 0 else sym.smax(x, 1)

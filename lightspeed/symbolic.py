@@ -159,6 +159,8 @@ class Sum(Expr):
             a, b = t.lo * k, t.hi * k
             lo += min(a, b)
             hi += max(a, b)
+        if any(isinstance(t, Prod) for t, _ in terms):
+            lo, hi = _multilinear_bounds(terms, const, lo, hi)
         super().__init__(("+", tuple((t.key, k) for t, k in terms), const), _clip(lo), _clip(hi))
 
     def eval(self, env):
@@ -184,6 +186,37 @@ class Sum(Expr):
         for t, k in self.terms:
             out = add(out, mul(t.substitute(mapping), k))
         return to_expr(out)
+
+
+def _multilinear_bounds(terms, const: int, lo: int, hi: int, max_atoms: int = 8) -> tuple[int, int]:
+    """Tighter bounds for a sum of products, e.g. ``a*b - 2*a`` (a product of sizes after a pad).
+
+    Term by term interval arithmetic forgets that the terms share factors. Where every term is a
+    product of distinct atoms, the sum is multilinear in them and its extremes over the box of the
+    atoms' bounds lie at the box's corners, so evaluating the corners gives exact bounds (sound even
+    where atoms are correlated: the box contains every reachable combination).
+    """
+    atoms: dict[Expr, int] = {}
+    for t, _ in terms:
+        fs = t.factors if isinstance(t, Prod) else (t,)
+        if len(set(fs)) != len(fs):
+            return lo, hi  # a square: not multilinear
+        for f in fs:
+            atoms.setdefault(f, len(atoms))
+    if len(atoms) > max_atoms or any(abs(a.lo) >= BIG or abs(a.hi) >= BIG for a in atoms):
+        return lo, hi
+    corner_lo, corner_hi = None, None
+    for mask in range(1 << len(atoms)):
+        val = {a: (a.hi if mask >> k & 1 else a.lo) for a, k in atoms.items()}
+        total = const
+        for t, c in terms:
+            p = c
+            for f in (t.factors if isinstance(t, Prod) else (t,)):
+                p *= val[f]
+            total += p
+        corner_lo = total if corner_lo is None else min(corner_lo, total)
+        corner_hi = total if corner_hi is None else max(corner_hi, total)
+    return max(lo, corner_lo), min(hi, corner_hi)
 
 
 class Prod(Expr):

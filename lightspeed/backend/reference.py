@@ -146,7 +146,7 @@ def eval_node(n: Node, srcs: list[np.ndarray], inputs: dict[str, np.ndarray], en
         if op is Op.CAST:
             return _cast(srcs[0], n.srcs[0][0].dtype, n.dtype)
         if op is Op.CONTIGUOUS:
-            return np.ascontiguousarray(srcs[0])
+            return np.array(srcs[0], order="C", copy=True)  # ascontiguousarray turns 0-d into 1-d
         if op is Op.GATHER:
             data, idx = srcs
             rows = data.shape[0]
