@@ -87,7 +87,7 @@ static inline float ls_sinf(float x) {
     float r = (float)rd, r2 = r * r;
     float s = r + r * r2 * (-1.6666654611e-1f + r2 * (8.3321608736e-3f + r2 * -1.9515295891e-4f));
     float c = 1.0f - 0.5f * r2 + r2 * r2 * (4.166664568298827e-2f + r2 * (-1.388731625493765e-3f + r2 * 2.443315711809948e-5f));
-    int32_t q = (int32_t)k;  /* int32 keeps the loop vectorisable; |k| < 2**31 where the reduction is accurate anyway */
+    int32_t q = (int32_t)(k - 4.0 * __builtin_floor(k * 0.25));  /* quadrant k mod 4, exact in double */
     float v = (q & 1) ? c : s;
     v = (q & 2) ? -v : v;
     return (x - x != 0.0f) ? NAN : v;  /* inf and NaN give NaN */
