@@ -69,7 +69,8 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 to bfloat16 bit patterns, rounding to nearest even (NaN stays NaN)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    f = np.asarray(x, dtype=np.float32)
+    u = np.ascontiguousarray(f).reshape(f.shape).view(np.uint32)  # ascontiguousarray makes 0-d arrays 1-d
     rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(x)
     if nan.any():

@@ -490,7 +490,7 @@ def sym_upper(x: Expr) -> sint:
         for t, k in x.terms:
             out = add(out, mul(sym_upper(t) if k > 0 else sym_lower(t), k))
         return out
-    if isinstance(x, Mod) and x.a.lo >= 0:
+    if isinstance(x, Mod) and x.b.lo > 0:  # floor modulo by a positive divisor is below the divisor
         return add(x.b, -1) if not isinstance(x.b, Const) else min(x.hi, x.b.value - 1)
     return x.hi
 
@@ -517,6 +517,10 @@ def proven_ge(a: sint, b: sint) -> bool:
     """True if a >= b always."""
     a, b = to_expr(a), to_expr(b)
     if a.lo >= b.hi or to_expr(add(a, mul(b, -1))).lo >= 0:
+        return True
+    if isinstance(b, Min) and (proven_ge(a, b.a) or proven_ge(a, b.b)):  # x >= min(x, y)
+        return True
+    if isinstance(a, Max) and (proven_ge(a.a, b) or proven_ge(a.b, b)):  # max(x, y) >= x
         return True
     diff = to_expr(add(a, mul(sym_upper(b), -1)))
     return diff.lo >= 0
@@ -587,7 +591,7 @@ def mod(a: sint, b: sint) -> sint:
     if isinstance(b, Const):
         if b.value == 0:
             raise ZeroDivisionError(f"symbolic modulo of {a} by zero")
-        if b.value == 1:
+        if b.value in (1, -1):
             return 0
         if isinstance(a, Const):
             return a.value % b.value

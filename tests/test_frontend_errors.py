@@ -142,3 +142,9 @@ def test_arange_rejects_zero_step() -> None:
 def test_causal_mask_rejects_empty_window() -> None:
     with pytest.raises(ValueError, match="causal_mask: window"):
         F.causal_mask(ls.Graph(), 3, 0, window=0)
+
+
+def test_rope_rejects_positions_and_pos() -> None:
+    _, (x, p) = _inputs((5, 2, 8), (5,))
+    with pytest.raises(ValueError, match="rope: pass either positions or pos"):
+        F.rope(x, p.cast(ls.int32), pos=3)

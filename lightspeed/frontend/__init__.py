@@ -23,10 +23,10 @@ TENSOR_METHODS = [
     "logical_not", "logical_or", "lt", "maximum", "minimum", "ne", "neg", "pow", "relu", "rsqrt", "sigmoid",
     "sign", "silu", "sub", "tanh", "where", "matmul", "linear", "softmax", "log_softmax", "layer_norm",
     "rms_norm", "argmax", "argmin", "cumsum", "max", "mean", "min", "sum", "var", "tril", "triu", "rope",
-    "unfold",
+    "unfold", "conv1d", "conv2d",
 ]
 
 __all__ = TENSOR_METHODS + [
-    "sin", "sqrt", "concatenate", "cat", "stack", "arange", "causal_mask", "embedding", "conv1d", "conv2d",
+    "sin", "sqrt", "concatenate", "cat", "stack", "arange", "causal_mask", "embedding",
     "scaled_dot_product_attention", "rope_inv_freq", "MASKED_SCORE",
 ]

@@ -60,6 +60,8 @@ def rope(x: Tensor, positions: Tensor | None = None, *, pos: sint = 0, theta: fl
     seq = x.shape[seq_axis]
     if positions is None:
         positions = arange(g, pos, sym.add(pos, seq))
+    elif not sym.same(pos, 0):
+        raise ValueError("rope: pass either positions or pos, not both")
     elif not sym.same(positions.shape[-1], seq):
         raise ValueError(f"rope: positions of shape {_shape_str(positions.shape)} do not match the sequence axis "
                          f"of x {_shape_str(x.shape)} (seq_axis={seq_axis})")

@@ -21,6 +21,7 @@ from ...ops import Op
 PRELUDE = (Path(__file__).with_name("prelude.h")).read_text()
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
+ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
 STORAGE = {
     dt.float32: "float", dt.float16: "_Float16", dt.bfloat16: "uint16_t", dt.int8: "int8_t", dt.uint8: "uint8_t",
@@ -56,10 +57,13 @@ class KernelRenderer:
     def __init__(self, plan: KernelPlan):
         self.plan = plan
         self.dims = set(plan.dims)
+        self.rename: dict[sym.Var, str] = {}  # loop variables rendered as an expression (unrolled copies)
         self.n = 0
 
     def var(self, v: sym.Var) -> str:
         """C name of a variable: program dimensions are D_<name>, loop variables keep their name."""
+        if v in self.rename:
+            return self.rename[v]
         return f"D_{v.name}" if v in self.dims else v.name
 
     def idx(self, e: sym.sint) -> str:
@@ -221,21 +225,32 @@ class KernelRenderer:
         if not shape:  # a scalar: one iteration of a size-1 loop
             shape, vars_ = [1], [_loop_var("ko_scalar", 1)]
         outer, last = shape[:-1], shape[-1]
+        blocked = k.schedule == "tiled" and len(outer) >= 1  # rows of the tiled reduction go MR at a time
         lines = [f"static void {k.name}(void *vctx, int64_t p0, int64_t p1) {{",
                  "    const ls_args *a = (const ls_args *)vctx;", "    (void)a;"]
         lines += [f"    {d}" for d in self.decls(k)]
-        P = self.idx(sym.prod(outer)) if outer else "1"
+        if blocked:
+            M = self.idx(outer[-1])
+            P = self.idx(sym.mul(sym.prod(outer[:-1]), sym.floordiv(sym.add(outer[-1], ROW_BLOCK - 1), ROW_BLOCK)))
+        else:
+            P = self.idx(sym.prod(outer)) if outer else "1"
         L = self.idx(last)
         lines += [f"    const int64_t P = {P}, L = {L};", "    (void)P;",
                   "    const int64_t nch = ls_chunks(P, L), C = (L + nch - 1) / nch;",
                   "    for (int64_t p = p0; p < p1; p++) {",
                   "        int64_t row = p / nch;", "        const int64_t ch = p % nch;"]
-        for v, s in reversed(list(zip(vars_[:-1], outer))):
+        decomposed = list(zip(vars_[:-1], outer))
+        if blocked:
+            decomposed = decomposed[:-1]
+            lines.append(f"        const int64_t m0 = (row % (({M} + {ROW_BLOCK - 1}) / {ROW_BLOCK})) * {ROW_BLOCK}; "
+                         f"row /= ({M} + {ROW_BLOCK - 1}) / {ROW_BLOCK};")
+            lines.append(f"        const int64_t mr = ls_min({ROW_BLOCK}, {M} - m0);")
+        for v, s in reversed(decomposed):
             lines.append(f"        const int64_t {self.var(v)} = row % {self.idx(s)}; row /= {self.idx(s)};")
         lines += ["        (void)row;", "        const int64_t jb = ch * C, je = ls_min(L, jb + C);"]
         jv = self.var(vars_[-1])
         if k.schedule == "tiled":
-            lines += self.tiled_body(k, vars_, jv)
+            lines += self.tiled_body(k, vars_, jv, vars_[-2] if blocked else None)
         elif k.schedule == "scatter":
             lines += self.scatter_body(k, vars_, jv)
         else:
@@ -262,31 +277,52 @@ class KernelRenderer:
             total = sym.add(total, self.work_per_item(c))
         return total
 
-    def tiled_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
+    def tiled_body(self, k: ir.Kernel, vars_, jv: str, row_var: sym.Var | None) -> list[str]:
+        """Accumulate a block of ROW_BLOCK rows x TILE columns per step of the reduced axis; full blocks are
+        unrolled over rows so that operands shared by the rows are loaded once (register blocking)."""
         red = k.value
         assert isinstance(red, ir.Reduce)
+        mr_max = ROW_BLOCK if row_var is not None else 1
         out_t, acc_t = k.out.dtype, self._acc_type(red.dtype)
-        body = self.expr(red.body)
         nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in red.body.walk())
-        rv = self.var(red.var)
+        simd = "" if nested else "_Pragma(\"omp simd\") "
+        rv, size = self.var(red.var), self.idx(red.size)
         off = self.idx(_dense_offset(vars_, k.shape))
-        step = self.reduce_step(red, "acc[jj]", body)
-        return [f"        for (int64_t j0 = jb; j0 < je; j0 += {TILE}) {{",
-                f"            const int64_t jn = ls_min({TILE}, je - j0);",
-                f"            {acc_t} acc[{TILE}];",
-                f"            for (int jj = 0; jj < {TILE}; jj++) acc[jj] = {self.reduce_init(red)};",
-                f"            for (int64_t {rv} = 0; {rv} < {self.idx(red.size)}; {rv}++) {{",
-                "                " + ("" if nested else "_Pragma(\"omp simd\") ") +
-                "for (int64_t jj = 0; jj < jn; jj++) {",
-                f"                    const int64_t {jv} = j0 + jj;",
-                f"                    {step};",
-                "                }",
-                "            }",
-                "            for (int64_t jj = 0; jj < jn; jj++) {",
-                f"                const int64_t {jv} = j0 + jj;",
-                f"                {self.buf(k.out)}[{off}] = {self.store_value(out_t, f'({compute_type(red.dtype)})acc[jj]')};",
-                "            }",
-                "        }"]
+        rowname = self.var(row_var) if row_var is not None else None
+        unrolled = []
+        for c in range(mr_max):
+            if row_var is not None:
+                self.rename[row_var] = f"(m0 + {c})"
+            unrolled.append(self.reduce_step(red, f"acc[{c}][jj]", self.expr(red.body)))
+        self.rename.pop(row_var, None)
+        generic = self.reduce_step(red, "acc[ii][jj]", self.expr(red.body))
+        row_decl = f"const int64_t {rowname} = m0 + ii; " if rowname else ""
+        mr = "mr" if row_var is not None else "1"
+        lines = [f"        for (int64_t j0 = jb; j0 < je; j0 += {TILE}) {{",
+                 f"            const int64_t jn = ls_min({TILE}, je - j0);",
+                 f"            {acc_t} acc[{mr_max}][{TILE}];",
+                 f"            for (int ii = 0; ii < {mr_max}; ii++) for (int jj = 0; jj < {TILE}; jj++) "
+                 f"acc[ii][jj] = {self.reduce_init(red)};",
+                 f"            if ({mr} == {mr_max} && jn == {TILE}) {{",
+                 f"                for (int64_t {rv} = 0; {rv} < {size}; {rv}++) {{",
+                 f"                    {simd}for (int64_t jj = 0; jj < {TILE}; jj++) {{",
+                 f"                        const int64_t {jv} = j0 + jj;"]
+        lines += [f"                        {step};" for step in unrolled]
+        lines += ["                    }", "                }",
+                  "            } else {",
+                  f"                for (int64_t {rv} = 0; {rv} < {size}; {rv}++) {{",
+                  f"                    for (int64_t ii = 0; ii < {mr}; ii++) {{ {row_decl}",
+                  f"                        {simd}for (int64_t jj = 0; jj < jn; jj++) {{",
+                  f"                            const int64_t {jv} = j0 + jj;",
+                  f"                            {generic};",
+                  "                        }", "                    }", "                }", "            }",
+                  f"            for (int64_t ii = 0; ii < {mr}; ii++) {{ {row_decl}",
+                  "                for (int64_t jj = 0; jj < jn; jj++) {",
+                  f"                    const int64_t {jv} = j0 + jj;",
+                  f"                    {self.buf(k.out)}[{off}] = "
+                  f"{self.store_value(out_t, f'({compute_type(red.dtype)})acc[ii][jj]')};",
+                  "                }", "            }", "        }"]
+        return lines
 
     def scatter_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
         rows_var = _loop_var("kid", k.scatter_rows)
