@@ -115,14 +115,33 @@ def bench_layer_norm(runs: int, rows: int = 1024, cols: int = 1024) -> dict:
             "ratio": np_t[0] / ls_t[0], "ratio_median": np_t[1] / ls_t[1], "target": ">= 2x numpy"}
 
 
+def bench_warm_threads(runs: int) -> dict:
+    """A parallel kernel called back to back and after idle gaps (a decode loop calls every few ms)."""
+    g = ls.Graph()
+    x = g.input("x", (512, 1024), ls.float32)
+    prog = g.compile([(x * 2.0).sum(-1)], backend="c")
+    xv = np.ones((512, 1024), np.float32)
+    back_to_back = timeit(lambda: prog(x=xv), runs, 20)
+    out = {"name": "parallel call after idle gaps", "back_to_back_us": back_to_back[0] * 1e6}
+    for gap_ms in (5, 20):
+        times = []
+        for _ in range(runs):
+            time.sleep(gap_ms / 1e3)
+            t = time.perf_counter()
+            prog(x=xv)
+            times.append(time.perf_counter() - t)
+        out[f"after_{gap_ms}ms_gap_us"] = statistics.median(times) * 1e6
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--only", nargs="*", help="overhead matvec matmul softmax layer_norm")
+    ap.add_argument("--only", nargs="*", help="overhead matvec matmul softmax layer_norm warm_threads")
     args = ap.parse_args()
     benches = {"overhead": bench_overhead, "matvec": bench_matvec, "matmul": bench_matmul,
-               "softmax": bench_softmax, "layer_norm": bench_layer_norm}
+               "softmax": bench_softmax, "layer_norm": bench_layer_norm, "warm_threads": bench_warm_threads}
     results = [fn(args.runs) for name, fn in benches.items() if not args.only or name in args.only]
     if args.json:
         print(json.dumps(results, indent=2))
