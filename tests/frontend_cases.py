@@ -285,7 +285,8 @@ ELEMENTWISE = [
     Case("where", {"c": Input(("n", 5), bools(), ls.bool_), "x": Input(("n", 5)), "y": Input((5,))},
          lambda g, t, d: F.where(t["c"], t["x"], t["y"]), lambda a, d: np.where(a["c"], a["x"], a["y"])),
     # the branch not taken holds inf and NaN: a select must not let them through
-    Case("where_nonfinite_untaken", {"c": Input(("n", 5), bools(), ls.bool_), "x": Input(("n", 5), with_specials(normal())),
+    Case("where_nonfinite_untaken", {"c": Input(("n", 5), bools(), ls.bool_),
+                                     "x": Input(("n", 5), with_specials(normal())),
                                      "y": Input(("n", 5), with_specials(normal()))},
          lambda g, t, d: F.where(t["c"], t["x"], t["y"]), lambda a, d: np.where(a["c"], a["x"], a["y"])),
     Case("where_scalars", {"c": Input(("n", 5), bools(), ls.bool_)}, lambda g, t, d: F.where(t["c"], 1.5, -2.0),
@@ -499,7 +500,8 @@ SDPA = [
                                    .astype(F32))}),
     # a bool mask per query head under GQA; some rows have every key masked: no NaN, uniform weights
     sdpa_case("sdpa_gqa_bool_mask", (1, 6, "n", 4), (1, 2, "n", 4), {}, {"allowed": lambda a, d: a["mask"]},
-              extra={"mask": Input((6, "n", "n"), lambda r, s: (r.random(s) < 0.6) & (np.arange(s[1]) % 3 != 1)[:, None],
+              extra={"mask": Input((6, "n", "n"),
+                                   lambda r, s: (r.random(s) < 0.6) & (np.arange(s[1]) % 3 != 1)[:, None],
                                    ls.bool_)}),
     sdpa_case("sdpa_mask_and_causal", (2, "n", 4), (2, "n", 4), {"causal": True},
               {"allowed": lambda a, d: _causal_allowed(a, d) & a["mask"]},
