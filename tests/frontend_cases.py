@@ -508,4 +508,29 @@ SDPA = [
               extra={"mask": Input(("n", "n"), bools(0.7), ls.bool_)}),
 ]
 
-CASES: list[Case] = ELEMENTWISE + REDUCTIONS + NN + LINALG + ROPE + CREATION + COMBINE + CONV + SDPA
+
+
+def torch_sdpa(a, mask=None, **kw):
+    torch = _torch()
+    return torch.nn.functional.scaled_dot_product_attention(
+        _t(a["q"]), _t(a["k"]), _t(a["v"]), attn_mask=None if mask is None else _t(mask), **kw).numpy()
+
+
+# the same conventions as PyTorch's own function (is_causal, enable_gqa, bool and float masks)
+SDPA_TORCH = [
+    Case("sdpa_torch_causal_gqa", {"q": Input((2, 6, "n", 8)), "k": Input((2, 3, "n", 8)), "v": Input((2, 3, "n", 8))},
+         lambda g, t, d: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], causal=True),
+         lambda a, d: torch_sdpa(a, is_causal=True, enable_gqa=True), atol=2e-6, torch=True),
+    Case("sdpa_torch_bool_mask_scale",
+         {"q": Input((2, "n", 4)), "k": Input((2, "n", 4)), "v": Input((2, "n", 4)),
+          "m": Input(("n", "n"), lambda r, s: (r.random(s) < 0.5) | np.eye(s[0], dtype=bool), ls.bool_)},
+         lambda g, t, d: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], t["m"], scale=0.7),
+         lambda a, d: torch_sdpa(a, a["m"], scale=0.7), atol=2e-6, torch=True),
+    Case("sdpa_torch_float_mask",
+         {"q": Input((1, 2, "n", 4)), "k": Input((1, 2, "n", 4)), "v": Input((1, 2, "n", 4)),
+          "m": Input((2, 1, "n"), normal(2))},
+         lambda g, t, d: F.scaled_dot_product_attention(t["q"], t["k"], t["v"], t["m"]),
+         lambda a, d: torch_sdpa(a, a["m"]), atol=2e-6, torch=True),
+]
+
+CASES: list[Case] = ELEMENTWISE + REDUCTIONS + NN + LINALG + ROPE + CREATION + COMBINE + CONV + SDPA + SDPA_TORCH
