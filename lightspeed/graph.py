@@ -72,6 +72,10 @@ class Graph:
         self._nodes: dict[tuple, Node] = {}
         self.order: list[Node] = []
         self.inputs: dict[str, Node] = {}
+        # Facts about a node's primitive subgraph that lets a backend offer a lowered kernel for it
+        # (node id -> a description; e.g. "this node dequantizes these raw blocks"). The primitive
+        # graph stays the source of truth: backends that ignore this run the primitives.
+        self.lowerings: dict[int, Any] = {}
 
     # node creation ------------------------------------------------------------
     def node(self, op: Op, srcs: Sequence[tuple[Node, ShapeTracker]], arg: Any, dtype: dt.DType,

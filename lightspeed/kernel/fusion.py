@@ -17,6 +17,7 @@ from ..graph import ArrayConst, Node, Program
 from ..ops import BINARY, ELEMENTWISE, REDUCE, UNARY, Op
 from ..shape import ShapeTracker, unravel
 from . import ir
+from .quantized import QuantizedMatmul, match_quantized_matmul
 
 # Heuristic thresholds (a schedule search may tune these later).
 RECOMPUTE_MAX_COST = 12  # a value read by several kernels is recomputed when cheaper than this
@@ -68,7 +69,7 @@ def _loop_var(name: str, size: sint) -> sym.Var:
 class Former:
     """Builds a KernelPlan from a Program."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, use_templates: bool = True):
         self.program = program
         self.graph = program.graph
         self.outputs: list[Node] = []
@@ -87,6 +88,16 @@ class Former:
         self.buffers: dict[int, ir.Buffer] = {}
         self.costs: dict[int, int] = {}
         self.counter = 0
+        # lowered kernels offered for primitive subgraphs (quantized matmuls), found before any decision
+        lowerings = self.graph.lowerings
+        self.decoded_weights = {nid for nid in lowerings if nid in self.consumers}
+        self.quantized: dict[int, QuantizedMatmul] = {}
+        if use_templates:
+            for n in order:
+                q = match_quantized_matmul(n, lowerings)
+                if q is not None:
+                    self.quantized[n.id] = q
+        self.forced = {q.x.id for q in self.quantized.values()}
 
     @staticmethod
     def _topo(roots, seen, order):
@@ -118,8 +129,10 @@ class Former:
         return c
 
     def _must_materialise(self, n: Node, is_output: bool) -> bool:
-        if is_output or n.op in (Op.SCATTER, Op.CONTIGUOUS):
+        if is_output or n.op in (Op.SCATTER, Op.CONTIGUOUS) or n.id in self.forced or n.id in self.quantized:
             return True
+        if n.id in self.decoded_weights:  # a decoded weight matrix is never stored: decode where it is read
+            return False
         if n.op in (Op.CONST, Op.IOTA):
             return False
         uses = self.consumers[n.id]
@@ -246,6 +259,15 @@ class Former:
             self.buffers[n.id] = buf
         for kern in kernels:
             kern.reads = _reads(kern)
+        # drop kernels nothing reads (e.g. pieces of a weight decode that a lowered kernel replaced)
+        needed = {id(b) for b in out_bufs.values()}
+        kept: list[ir.Kernel] = []
+        for kern in reversed(kernels):
+            if id(kern.out) in needed:
+                kept.append(kern)
+                needed.update(id(b) for b in kern.reads)
+        kernels = kept[::-1]
+        temps = [b for b in temps if id(b) in needed]
         plan = KernelPlan(kernels, inputs, consts, [out_bufs[n.id] for n in self.outputs], temps,
                           dims=list(self.program.dims))
         plan.arena_bytes = plan_memory(plan)
@@ -264,6 +286,10 @@ class Former:
             value = self._read(src, sst, list(svars))
             write = ir.Kernel(name, buf, (ind.shape[0],) + n.shape[1:], svars, value, "scatter", index, n.shape[0])
             return [copy, write]
+        if n.id in self.quantized:
+            q = self.quantized[n.id]
+            return [ir.Kernel(name, buf, n.shape, vars_, ir.Const(0, n.dtype), "qmatmul", template=q,
+                              template_reads=[self.buffers[q.x.id], self.buffers[q.raw.id]])]
         value = self._compute(n, list(vars_))
         schedule = "loop"
         if n.op in REDUCE and self._reduce_schedule(n) == "tiled":
@@ -293,7 +319,7 @@ def _coef(expr: sint, var: sym.Var) -> int | None:
 
 
 def _reads(kern: ir.Kernel) -> list[ir.Buffer]:
-    out: list[ir.Buffer] = []
+    out: list[ir.Buffer] = list(kern.template_reads)
     roots = [kern.value] + ([kern.scatter_index] if kern.scatter_index is not None else [])
     for root in roots:
         for x in root.walk():
@@ -329,6 +355,6 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
     return top
 
 
-def form_kernels(program: Program) -> KernelPlan:
-    """The kernel plan of ``program``."""
-    return Former(program).plan()
+def form_kernels(program: Program, use_templates: bool = True) -> KernelPlan:
+    """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops."""
+    return Former(program, use_templates).plan()

@@ -135,6 +135,8 @@ class Kernel:
     scatter_index: IR | None = None
     scatter_rows: sint = 0
     reads: list[Buffer] = field(default_factory=list)
+    template: Any = None  # a lowered kernel (e.g. kernel.quantized.QuantizedMatmul) and its buffers
+    template_reads: list[Buffer] = field(default_factory=list)
 
     def cost(self) -> int:
         return sum(1 for _ in self.value.walk())

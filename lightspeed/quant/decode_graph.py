@@ -25,6 +25,8 @@ semantics: flush-to-zero (``-ffast-math``) would zero subnormal scales, and cont
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .. import dtypes as dt
@@ -212,4 +214,20 @@ def dequant_matrix_graph(raw: Tensor, qtype) -> Tensor:
                          f"got {raw.dtype.name}{tuple(raw.shape)}")
     rows, per_row = raw.shape[0], raw.shape[1] // fmt.block_bytes
     blocks = raw.reshape((sym.mul(rows, per_row), fmt.block_bytes))
-    return dequant_graph(blocks, fmt.qtype).reshape((rows, per_row * fmt.block_elems))
+    out = dequant_graph(blocks, fmt.qtype).reshape((rows, per_row * fmt.block_elems))
+    # tell backends which raw blocks this node decodes, so they may read them with a fused
+    # quantized-matmul kernel instead of the primitive decode (see lightspeed/kernel/quantized.py)
+    out.graph.lowerings[out.node.id] = DequantMatrix(raw.node, raw.st, fmt.qtype, rows, per_row * fmt.block_elems)
+    return out
+
+
+@dataclass(frozen=True)
+class DequantMatrix:
+    """Node ``out`` of dequant_matrix_graph decodes raw block bytes: out[r, k] (dense, row-major) is
+    element k of row r of ``raw`` (a uint8 ``(rows, row_bytes)`` view ``raw_view`` of ``raw_node``)."""
+
+    raw_node: object
+    raw_view: object
+    qtype: object
+    rows: object
+    cols: int

@@ -40,12 +40,15 @@ __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "s
 
 @register_backend("c")
 class CBackend:
-    """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags)."""
+    """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags),
+    ``templates`` (False runs every subgraph as generic fused loops, without lowered kernels such as the
+    quantized matmul)."""
 
-    def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None):
+    def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
+                 templates: bool = True):
         t0 = time.perf_counter()
         self.program = program
-        self.plan = form_kernels(program)
+        self.plan = form_kernels(program, use_templates=templates)
         self.source = render_plan(self.plan)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library
         self.library_path = compile_shared(self.source, flags if flags is not None else default_flags(),

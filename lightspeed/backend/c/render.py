@@ -16,11 +16,15 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
+from ...kernel.quantized import TEMPLATE_QTYPES
+from ...quant import block_format
 from ...ops import Op
 
-PRELUDE = (Path(__file__).with_name("prelude.h")).read_text()
+PRELUDE = (Path(__file__).with_name("prelude.h")).read_text() + (Path(__file__).with_name("qdecode.h")).read_text()
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
+QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row tile)
+QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (the hardware prefetcher lags)
 ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
 STORAGE = {
@@ -221,6 +225,8 @@ class KernelRenderer:
     # kernels -----------------------------------------------------------------------
     def kernel(self, k: ir.Kernel) -> tuple[str, str]:
         """(the kernel's static function, the statement in ls_graph that runs it)."""
+        if k.schedule == "qmatmul":
+            return self.quantized_matmul(k)
         shape, vars_ = list(k.shape), list(k.loop_vars)
         if not shape:  # a scalar: one iteration of a size-1 loop
             shape, vars_ = [1], [_loop_var("ko_scalar", 1)]
@@ -267,6 +273,72 @@ class KernelRenderer:
         call = (f"    {{ const int64_t P = {P}, L = {L}; const int64_t n = P * ls_chunks(P, L);\n"
                 f"      if (({self.idx(work)}) >= {PARALLEL_GRAIN}) ls_parallel_for({k.name}, &a, n); "
                 f"else {k.name}(&a, 0, n); }}")
+        return "\n".join(lines), call
+
+    def quantized_matmul(self, k: ir.Kernel) -> tuple[str, str]:
+        """out[m, n] = sum_k x[m, k] * decode(raw)[n, k]: weight rows decoded block by block in registers.
+
+        A work item is a chunk of weight rows small enough to stay in L2 while every tile of
+        ROW_BLOCK activation rows streams past it, so the weights come from memory once per call."""
+        q = k.template
+        fmt = block_format(q.qtype)
+        E, BB = fmt.block_elems, fmt.block_bytes
+        K = q.in_features
+        nblk = K // E
+        row_bytes = nblk * BB
+        decode = f"ls_dq_{TEMPLATE_QTYPES[q.qtype]}"
+        x_buf, raw_buf = k.template_reads
+        M, N = self.idx(q.rows), self.idx(q.out_features)
+        rows_per_item = max(1, min(QMM_L2_BYTES // row_bytes, 64))
+        lines = [f"static void {k.name}(void *vctx, int64_t p0, int64_t p1) {{",
+                 "    const ls_args *a = (const ls_args *)vctx;"]
+        lines += [f"    {d}" for d in self.decls(k)]
+        lines += [
+            f"    const int64_t M = {M}, N = {N};",
+            f"    const uint8_t *restrict wraw = (const uint8_t *){self.buf(raw_buf)};",
+            f"    const float *restrict xs = {self.buf(x_buf)};",
+            f"    float *restrict out = {self.buf(k.out)};",
+            "    for (int64_t p = p0; p < p1; p++) {",
+            f"        const int64_t n0 = p * {rows_per_item}, n1 = ls_min(N, n0 + {rows_per_item});",
+            f"        for (int64_t m0 = 0; m0 < M; m0 += {ROW_BLOCK}) {{",
+            f"            const int64_t mr = ls_min({ROW_BLOCK}, M - m0);",
+            "            for (int64_t n = n0; n < n1; n++) {",
+            f"                const uint8_t *wrow = wraw + n * {row_bytes}LL;",
+            f"                float acc[{ROW_BLOCK}][32];",
+            f"                for (int ii = 0; ii < {ROW_BLOCK}; ii++) for (int l = 0; l < 32; l++) acc[ii][l] = 0.0f;",
+            f"                for (int64_t b = 0; b < {nblk}; b++) {{",
+            f"                    __builtin_prefetch(wrow + b * {BB} + {QMM_PREFETCH_BYTES}, 0, 3);",
+            f"                    float w[{E}];",
+            f"                    {decode}(wrow + b * {BB}, w);",
+            "                    if (mr == 1) {",
+            f"                        const float *xr = xs + m0 * {K}LL + b * {E};",
+            f"                        for (int c = 0; c < {E // 32}; c++) {{",
+            "                            _Pragma(\"omp simd\")",
+            "                            for (int l = 0; l < 32; l++) acc[0][l] += w[32 * c + l] * xr[32 * c + l];",
+            "                        }",
+            "                    } else {",
+            "                        for (int64_t ii = 0; ii < mr; ii++) {",
+            f"                            const float *xr = xs + (m0 + ii) * {K}LL + b * {E};",
+            f"                            for (int c = 0; c < {E // 32}; c++) {{",
+            "                                _Pragma(\"omp simd\")",
+            "                                for (int l = 0; l < 32; l++) acc[ii][l] += w[32 * c + l] * xr[32 * c + l];",
+            "                            }",
+            "                        }",
+            "                    }",
+            "                }",
+            "                for (int64_t ii = 0; ii < mr; ii++) {",
+            "                    float s = 0.0f;",
+            "                    for (int l = 0; l < 32; l++) s += acc[ii][l];",
+            "                    out[(m0 + ii) * N + n] = s;",
+            "                }",
+            "            }",
+            "        }",
+            "    }",
+            "}"]
+        items = f"((N + {rows_per_item - 1}) / {rows_per_item})"
+        work = f"(M * N * {K}LL)"
+        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t n = {items}; (void)M;\n"
+                f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for({k.name}, &a, n); else {k.name}(&a, 0, n); }}")
         return "\n".join(lines), call
 
     def work_per_item(self, x: ir.IR) -> sym.sint:

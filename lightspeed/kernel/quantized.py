@@ -1,0 +1,76 @@
+"""Quantized matmul: a lowered kernel offered for the primitive subgraph ``x @ dequant(raw).T``.
+
+The model graph decodes packed GGUF blocks with primitive ops (``quant.dequant_matrix_graph``) and
+multiplies with ``linear``. That subgraph is a SumReduce over a Mul whose one operand is the decoded
+weight. When the views prove that the reduction computes ``out[m, n] = sum_k x[m, k] * W[n, k]`` with
+``W`` the decoded rows of a raw block buffer, a backend may instead run a template that reads the raw
+blocks directly (decode in registers, fused with the dot products). The primitive graph is unchanged,
+the reference backend still runs it, and tests compare the two.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import symbolic as sym
+from ..graph import Node
+from ..ops import Op
+from ..quant import QType
+
+TEMPLATE_QTYPES = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q5_0: "q5_0",
+                   QType.Q4_K: "q4_k", QType.Q6_K: "q6_k"}
+
+
+@dataclass
+class QuantizedMatmul:
+    """out[m, n] = sum_k x[m, k] * decode(raw)[n, k] for m < rows, n < out_features, k < in_features."""
+
+    reduce: Node
+    x: Node  # float32, dense [rows, in_features]
+    raw: Node  # uint8 [out_features, row_bytes], an input or embedded constant
+    qtype: QType
+    rows: sym.sint
+    in_features: int
+    out_features: sym.sint
+
+
+def _identity(st, shape) -> bool:
+    return (st.is_contiguous and len(st.shape) == len(shape)
+            and all(sym.same(a, b) for a, b in zip(st.shape, shape)))
+
+
+def match_quantized_matmul(r: Node, lowerings: dict) -> QuantizedMatmul | None:
+    """The quantized matmul that reduction ``r`` computes, if the views prove it."""
+    if r.op is not Op.SUM_REDUCE or len(r.shape) != 2 or r.arg != 1:
+        return None
+    mul, st = r.srcs[0]
+    if mul.op is not Op.MUL or not _identity(st, mul.shape) or len(mul.shape) != 3:
+        return None
+    rows, k, n = mul.shape
+    if not sym.is_const(k):
+        return None
+    k = int(k)
+    mv = sym.Var("qm", 0, max(sym.upper_bound(rows) - 1, 0))
+    rv = sym.Var("qr", 0, k - 1)
+    jv = sym.Var("qj", 0, max(sym.upper_bound(n) - 1, 0))
+    operands = list(mul.srcs)
+    for wi in (0, 1):
+        wnode, wst = operands[wi]
+        xnode, xst = operands[1 - wi]
+        info = lowerings.get(wnode.id)
+        if info is None or info.qtype not in TEMPLATE_QTYPES or info.cols != k or not sym.same(info.rows, n):
+            continue
+        raw, raw_st = info.raw_node, info.raw_view
+        if raw.op not in (Op.CONST, Op.INPUT) or not _identity(raw_st, raw.shape):
+            continue
+        w_off, w_ok = wst.index([mv, rv, jv])
+        x_off, x_ok = xst.index([mv, rv, jv])
+        if not (sym.same(w_ok, 1) and sym.same(x_ok, 1)):
+            continue
+        if not sym.same(w_off, sym.add(sym.mul(jv, k), rv)):
+            continue
+        if xnode.dtype.name != "float32" or len(xnode.shape) != 2 or not sym.same(xnode.shape[1], k):
+            continue
+        if not sym.same(x_off, sym.add(sym.mul(mv, k), rv)):
+            continue
+        return QuantizedMatmul(r, xnode, raw, info.qtype, rows, k, n)
+    return None
