@@ -614,6 +614,8 @@ def mod(a: sint, b: sint) -> sint:
             return add(a, -(a.lo // b.value) * b.value)
     if b.lo > 0:
         lo, hi = (0, b.hi - 1) if a.lo < 0 else (0, min(a.hi, b.hi - 1))
+    elif b.hi < 0:  # floor modulo takes the divisor's sign
+        lo, hi = b.lo + 1, 0
     else:
         lo, hi = -BIG, BIG
     return _simplest(Mod(a, b, lo, hi))

@@ -242,6 +242,15 @@ def test_mod_rules():
     assert not sym.same(sym.mod(small, 6), small)        # 6 % 6 == 0
 
 
+def test_negative_divisors_keep_floor_semantics_in_proofs():
+    x = sym.dim("x", 0, 100)
+    r = sym.mod(x, -3)                      # in (-3, 0]
+    assert sym.lt(r, -3) == 0
+    assert sym.lt(-3, r) == 1
+    assert sym.mod(x, -1) == 0
+    assert sym.evaluate(sym.floordiv(x, -4), {"x": 5}) == -2
+
+
 def test_divmod_pair_folds_back():
     x = sym.dim("x", 0, 1000)
     rebuilt = sym.add(sym.mul(sym.floordiv(x, 8), 8), sym.mod(x, 8))
