@@ -1,0 +1,328 @@
+"""Text generation: KV cache, sampling, and a streaming generation loop.
+
+    step = model.compile(ctx=2048)                  # a CompiledLM (lightspeed.models.base)
+    cache = KVCache(step)
+    gen = generate(step, model.tokenizer, ids, SamplingParams(temperature=0.7, seed=1), cache=cache)
+    for text in gen:                                 # valid UTF-8 pieces as tokens arrive
+        print(text, end="")
+    gen.token_ids, gen.finish_reason, gen.stats      # filled in as it runs
+
+The cache remembers which tokens it holds, so a later call whose prompt starts with the
+same tokens (the next turn of a chat) only runs the new ones. Sampling happens in numpy
+on the logits of the last position; a fixed seed makes it reproducible.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .io import Tokenizer
+    from .models.base import CompiledLM
+
+
+# sampling -------------------------------------------------------------------------------------------
+@dataclass
+class SamplingParams:
+    """How the next token is picked. ``temperature == 0`` is greedy (argmax, first on ties);
+    ``top_k == 0``, ``top_p == 1``, ``min_p == 0`` and ``repetition_penalty == 1`` switch those off."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def check(self) -> None:
+        if not (self.temperature >= 0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+def apply_repetition_penalty(logits: np.ndarray, previous: Iterable[int], penalty: float) -> np.ndarray:
+    """CTRL's penalty as Hugging Face applies it: each token seen before has its logit divided by
+    ``penalty`` when positive and multiplied by it when negative."""
+    ids = np.unique(np.fromiter(previous, dtype=np.int64))
+    if penalty == 1.0 or ids.size == 0:
+        return logits
+    out = logits.copy()
+    seen = out[ids]
+    out[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+    return out
+
+
+def filter_logits(logits: np.ndarray, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
+    """Set the logits of tokens outside the top-k / nucleus (top-p) / min-p sets to -inf.
+    The most likely token always survives. Ties at the top-k boundary are all kept."""
+    out = logits.astype(np.float64)
+    if top_k and top_k < out.size:
+        kth = np.partition(out, -top_k)[-top_k]
+        out[out < kth] = -np.inf
+    if top_p < 1.0 or min_p > 0.0:
+        probs = _softmax(out)
+        if top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cumulative = np.cumsum(probs[order])
+            # keep the smallest prefix whose mass reaches top_p (its last token included)
+            n_keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
+            out[order[n_keep:]] = -np.inf
+        if min_p > 0.0:
+            out[probs < min_p * probs.max()] = -np.inf
+    return out
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+class Sampler:
+    """Picks tokens from logits with ``SamplingParams``; its random generator is seeded once."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+        self.params.check()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits: np.ndarray, previous: Sequence[int] = ()) -> int:
+        p = self.params
+        x = np.asarray(logits, dtype=np.float32).reshape(-1)
+        x = apply_repetition_penalty(x, previous, p.repetition_penalty)
+        if p.temperature == 0:
+            return int(np.argmax(x))
+        x = filter_logits(x.astype(np.float64) / p.temperature, p.top_k, p.top_p, p.min_p)
+        probs = _softmax(x)
+        # inverse-CDF sampling with one uniform draw: reproducible for a seed and platform-independent
+        u = self.rng.random()
+        return int(min(np.searchsorted(np.cumsum(probs), u * probs.sum(), side="right"), probs.size - 1))
+
+
+# KV cache ---------------------------------------------------------------------------------------------
+class KVCache:
+    """The cache arrays of a compiled step program and the token ids whose keys and values they hold.
+
+    Rows past ``pos`` may hold stale values from an earlier, longer sequence: the program never
+    reads a row before writing it, so truncating is free."""
+
+    def __init__(self, step: "CompiledLM"):
+        self.step = step
+        self.arrays = step.new_caches()
+        self.tokens: list[int] = []
+
+    @property
+    def pos(self) -> int:
+        """The number of tokens in the cache (the position of the next one)."""
+        return len(self.tokens)
+
+    @property
+    def capacity(self) -> int:
+        return self.step.ctx
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` tokens."""
+        del self.tokens[max(n, 0):]
+
+    def reuse(self, ids: Sequence[int]) -> int:
+        """Drop cached tokens that do not match ``ids`` and return how many of ``ids`` are
+        already cached. At least one token is left to run, since logits come from running one."""
+        n = 0
+        limit = min(len(self.tokens), len(ids) - 1)
+        while n < limit and self.tokens[n] == ids[n]:
+            n += 1
+        self.truncate(n)
+        return n
+
+    def run(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ``ids`` (any number, in chunks the program accepts); returns the logits of the
+        last chunk (the last row is the next-token distribution)."""
+        if self.pos + len(ids) > self.capacity:
+            raise ContextFullError(f"{self.pos} cached + {len(ids)} new tokens exceed the context bound of "
+                                   f"{self.capacity} tokens")
+        logits = None
+        chunk = self.step.max_chunk
+        for start in range(0, len(ids), chunk):
+            part = list(ids[start:start + chunk])
+            logits, self.arrays = self.step.run(part, self.pos, self.arrays)
+            self.tokens.extend(int(i) for i in part)
+        if logits is None:
+            raise ValueError("KVCache.run: no tokens to run")
+        return logits
+
+    def reset(self) -> None:
+        self.tokens.clear()
+
+
+class ContextFullError(ValueError):
+    """The cache has no room for more tokens."""
+
+
+# the generation loop -------------------------------------------------------------------------------
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0         # tokens of the prompt that were run (not found in the cache)
+    cached_tokens: int = 0         # tokens of the prompt reused from the cache
+    generated_tokens: int = 0
+    decode_steps: int = 0          # one-token runs
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    sampling_seconds: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_steps / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "generated_tokens": self.generated_tokens, "prefill_seconds": round(self.prefill_seconds, 4),
+                "decode_seconds": round(self.decode_seconds, 4),
+                "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2)}
+
+
+class StopStringFilter:
+    """Holds back text that might be the start of a stop string; reports when one appears."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        """Add text; return what is safe to emit (everything before a found stop string)."""
+        if not self.stops:
+            return text
+        buf = self.pending + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped, self.pending = True, ""
+            return buf[:min(hits)]
+        hold = 0
+        for s in self.stops:  # the longest suffix of buf that is a proper prefix of a stop string
+            for k in range(min(len(s) - 1, len(buf)), hold, -1):
+                if buf.endswith(s[:k]):
+                    hold = k
+                    break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold]
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Generation:
+    """An iterator over generated text pieces; ``text``, ``token_ids``, ``finish_reason`` ("stop",
+    "length" or "context") and ``stats`` fill in as it runs. ``run()`` consumes it and returns the text."""
+
+    def __init__(self, step: "CompiledLM", tokenizer: "Tokenizer | None", prompt_ids: Sequence[int],
+                 params: SamplingParams | None = None, max_tokens: int = 256, stop_ids: Iterable[int] | None = None,
+                 stop_strings: Sequence[str] = (), cache: KVCache | None = None):
+        if not prompt_ids:
+            raise ValueError("generate: the prompt has no tokens")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.step, self.tokenizer = step, tokenizer
+        self.prompt_ids = [int(i) for i in prompt_ids]
+        self.sampler = Sampler(params)
+        self.max_tokens = max_tokens
+        default_stops = tokenizer.stop_ids if tokenizer is not None else set()
+        self.stop_ids = set(default_stops if stop_ids is None else stop_ids)
+        self.stop_strings = list(stop_strings)
+        self.cache = cache if cache is not None else KVCache(step)
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stats = GenerationStats()
+        self.last_logits: np.ndarray | None = None
+        self.on_finish: Callable[["Generation"], None] | None = None  # called once when generation ends
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def run(self) -> str:
+        """Generate to the end; the full text."""
+        for _ in self:
+            pass
+        return self.text
+
+    def _emit(self, piece: str) -> str:
+        self.text += piece
+        return piece
+
+    def _run(self) -> Iterator[str]:
+        cache, stats = self.cache, self.stats
+        reused = cache.reuse(self.prompt_ids)
+        stats.cached_tokens = reused
+        new = self.prompt_ids[reused:]
+        if cache.pos + len(new) > cache.capacity:
+            raise ContextFullError(f"the prompt ({len(self.prompt_ids)} tokens) does not fit the context bound of "
+                                   f"{cache.capacity} tokens")
+        t0 = time.perf_counter()
+        logits = cache.run(new)
+        stats.prefill_seconds = time.perf_counter() - t0
+        stats.prompt_tokens = len(new)
+        decoder = self.tokenizer.stream(skip_special_tokens=False) if self.tokenizer is not None else None
+        stops = StopStringFilter(self.stop_strings)
+        history = list(self.prompt_ids)
+        while True:
+            self.last_logits = logits[-1]
+            if len(self.token_ids) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+            t0 = time.perf_counter()
+            token = self.sampler(logits[-1], history if self.sampler.params.repetition_penalty != 1.0 else ())
+            stats.sampling_seconds += time.perf_counter() - t0
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+                break
+            self.token_ids.append(token)
+            history.append(token)
+            stats.generated_tokens += 1
+            if decoder is not None:
+                piece = stops.push(decoder.push(token))
+                if piece:
+                    yield self._emit(piece)
+                if stops.stopped:
+                    self.finish_reason = "stop"
+                    break
+            if len(self.token_ids) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+            if cache.pos >= cache.capacity:
+                self.finish_reason = "context"
+                break
+            t0 = time.perf_counter()
+            logits = cache.run([token])
+            stats.decode_seconds += time.perf_counter() - t0
+            stats.decode_steps += 1
+        if decoder is not None and not stops.stopped:
+            tail = stops.push(decoder.flush()) + (stops.flush() if not stops.stopped else "")
+            if tail:
+                yield self._emit(tail)
+        if self.on_finish is not None:
+            self.on_finish(self)
+
+
+def generate(step: "CompiledLM", tokenizer: "Tokenizer | None", prompt_ids: Sequence[int],
+             params: SamplingParams | None = None, **options) -> Generation:
+    """A streaming ``Generation`` of up to ``max_tokens`` tokens after ``prompt_ids`` (see ``Generation``)."""
+    return Generation(step, tokenizer, prompt_ids, params, **options)

@@ -1,0 +1,254 @@
+"""The Llama family: Llama 2/3, SmolLM2, Mistral (without a sliding window) and Qwen2 (q/k/v biases).
+
+Pre-norm decoder blocks: ``x += o(attention(rope(q), rope(k), v))`` on ``rms_norm(x)``, then
+``x += down(silu(gate(h)) * up(h))`` on ``rms_norm(x)``; grouped-query attention over a KV
+cache; a final RMS norm and an LM head (tied to the embedding when the file has none).
+
+Weights are read by GGUF names from a GGUF file or a Hugging Face safetensors folder.
+One layout difference matters: llama.cpp's converter permutes the rows of the q/k weights
+of ``llama`` models so that rotary pairs are adjacent (interleaved RoPE), while Hugging
+Face checkpoints (and GGUF ``qwen2``) rotate the two halves of each head. ``rope_interleaved``
+records which one the weights expect.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as dt
+from .. import symbolic as sym
+from ..frontend import arange, linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, silu
+from ..graph import Graph
+from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
+from ..symbolic import sint
+from ..tensor import Tensor
+from .base import CacheSpec, CausalLM, ModelConfig
+from .weights import GGUFWeights, SafetensorsWeights
+
+# GGUF-style name -> Hugging Face name ({i} is the layer)
+HF_NAMES = [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+    ("blk.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight"),
+    ("blk.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"),
+    ("blk.{i}.attn_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),
+    ("blk.{i}.attn_k.weight", "model.layers.{i}.self_attn.k_proj.weight"),
+    ("blk.{i}.attn_v.weight", "model.layers.{i}.self_attn.v_proj.weight"),
+    ("blk.{i}.attn_output.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+    ("blk.{i}.attn_q.bias", "model.layers.{i}.self_attn.q_proj.bias"),
+    ("blk.{i}.attn_k.bias", "model.layers.{i}.self_attn.k_proj.bias"),
+    ("blk.{i}.attn_v.bias", "model.layers.{i}.self_attn.v_proj.bias"),
+    ("blk.{i}.attn_output.bias", "model.layers.{i}.self_attn.o_proj.bias"),
+    ("blk.{i}.ffn_gate.weight", "model.layers.{i}.mlp.gate_proj.weight"),
+    ("blk.{i}.ffn_up.weight", "model.layers.{i}.mlp.up_proj.weight"),
+    ("blk.{i}.ffn_down.weight", "model.layers.{i}.mlp.down_proj.weight"),
+]
+
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
+HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class LlamaConfig(ModelConfig):
+    intermediate_size: int = 0
+    n_heads: int = 0
+    n_kv_heads: int = 0
+    head_dim: int = 0
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_interleaved: bool = False
+    rope_inv_freq: np.ndarray | None = field(default=None, repr=False)  # scaled frequencies, when not theta's
+    sliding_window: int | None = None  # Mistral v0.1: contexts beyond it are refused
+
+    def check(self, path: str) -> None:
+        """Raise ModelFormatError for inconsistent hyper-parameters."""
+        if min(self.vocab_size, self.hidden_size, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim,
+               self.intermediate_size) <= 0:
+            raise ModelFormatError(path, f"invalid llama hyper-parameters: {self}")
+        if self.n_heads % self.n_kv_heads:
+            raise ModelFormatError(path, f"{self.n_heads} attention heads are not a multiple of "
+                                         f"{self.n_kv_heads} KV heads")
+        if self.head_dim % 2:
+            raise ModelFormatError(path, f"head_dim {self.head_dim} must be even for rotary embeddings")
+
+
+def llama3_inv_freq(head_dim: int, theta: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_context: int) -> np.ndarray:
+    """Llama 3.1's scaled RoPE frequencies: long wavelengths divided by ``factor``, short ones kept,
+    a smooth blend between."""
+    inv = rope_inv_freq(head_dim, theta).astype(np.float64)
+    wavelen = 2 * math.pi / inv
+    low_wavelen = original_context / low_freq_factor
+    high_wavelen = original_context / high_freq_factor
+    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * inv / factor + smooth * inv
+    out = np.where(wavelen > low_wavelen, inv / factor, np.where(wavelen < high_wavelen, inv, blended))
+    return out.astype(np.float32)
+
+
+def _hf_rope(cfg: dict[str, Any], head_dim: int, path: str) -> tuple[float, np.ndarray | None]:
+    """(theta, scaled inv_freq or None) from config.json (``rope_theta``/``rope_scaling`` or the
+    newer ``rope_parameters``)."""
+    params = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or params
+    theta = float(cfg.get("rope_theta", params.get("rope_theta", 10000.0)))
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if kind in (None, "default"):
+        return theta, None
+    if kind == "linear":
+        return theta, rope_inv_freq(head_dim, theta) / np.float32(scaling["factor"])
+    if kind == "llama3":
+        return theta, llama3_inv_freq(head_dim, theta, float(scaling["factor"]), float(scaling["low_freq_factor"]),
+                                      float(scaling["high_freq_factor"]),
+                                      int(scaling["original_max_position_embeddings"]))
+    raise ModelFormatError(path, f"RoPE scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+class Llama(CausalLM):
+    """A Llama-family model (see the module docstring)."""
+
+    def __init__(self, config: LlamaConfig, weights, tokenizer: Tokenizer | None = None):
+        self.config, self.weights, self.tokenizer = config, weights, tokenizer
+        self.qkv_bias = "blk.0.attn_q.bias" in weights
+        self.o_bias = "blk.0.attn_output.bias" in weights
+        self.tied = "output.weight" not in weights
+
+    # loading --------------------------------------------------------------------------------------
+    @classmethod
+    def from_gguf(cls, gf: GGUFFile, tokenizer: Tokenizer | None = None) -> "Llama":
+        arch = gf.architecture
+        if arch not in GGUF_ARCHITECTURES:
+            raise ModelFormatError(gf.path, f"architecture {arch!r} is not a Llama-family model")
+        n_heads = int(gf.arch("attention.head_count"))
+        hidden = int(gf.arch("embedding_length"))
+        head_dim = int(gf.arch("attention.key_length", hidden // max(n_heads, 1)))
+        theta = float(gf.arch("rope.freq_base", 10000.0))
+        weights = GGUFWeights(gf)
+        vocab = gf.arch("vocab_size", None)
+        if vocab is None:
+            vocab = weights.shape("token_embd.weight")[0]
+        inv_freq = None
+        scaling = gf.arch("rope.scaling.type", "none")
+        if scaling == "linear":
+            inv_freq = rope_inv_freq(head_dim, theta) / np.float32(gf.arch("rope.scaling.factor"))
+        elif scaling not in ("none", None):
+            raise ModelFormatError(gf.path, f"RoPE scaling type {scaling!r} is not supported (supported: linear)")
+        if "rope_freqs.weight" in weights:  # Llama 3.1: per-frequency divisors
+            inv_freq = (inv_freq if inv_freq is not None else rope_inv_freq(head_dim, theta)) / \
+                weights.numpy("rope_freqs.weight").reshape(-1)
+        config = LlamaConfig(
+            architecture=arch, vocab_size=int(vocab), hidden_size=hidden, n_layers=int(gf.arch("block_count")),
+            context_length=int(gf.arch("context_length", 2048)),
+            intermediate_size=int(gf.arch("feed_forward_length")), n_heads=n_heads,
+            n_kv_heads=int(gf.arch("attention.head_count_kv", n_heads)), head_dim=head_dim,
+            rms_norm_eps=float(gf.arch("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=theta,
+            rope_interleaved=arch != "qwen2", rope_inv_freq=inv_freq,
+            sliding_window=gf.arch("attention.sliding_window", None))
+        config.check(gf.path)
+        return cls(config, weights, tokenizer)
+
+    @classmethod
+    def from_folder(cls, mf: ModelFolder, tokenizer: Tokenizer | None = None) -> "Llama":
+        cfg = mf.config
+        kind = cfg.get("model_type")
+        if kind not in HF_MODEL_TYPES:
+            raise ModelFormatError(mf.path, f"model_type {kind!r} is not a Llama-family model")
+        try:
+            hidden, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+            head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+            theta, inv_freq = _hf_rope(cfg, head_dim, mf.path)
+            config = LlamaConfig(
+                architecture=kind, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
+                n_layers=int(cfg["num_hidden_layers"]),
+                context_length=int(cfg.get("max_position_embeddings", 2048)),
+                intermediate_size=int(cfg["intermediate_size"]), n_heads=n_heads,
+                n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), head_dim=head_dim,
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_interleaved=False,
+                rope_inv_freq=inv_freq,
+                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None)
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ModelFormatError):
+                raise
+            raise ModelFormatError(mf.path, f"config.json: missing or invalid field {e}") from None
+        config.check(mf.path)
+        model = cls(config, SafetensorsWeights(mf, HF_NAMES), tokenizer)
+        if cfg.get("tie_word_embeddings") is False and model.tied:
+            raise ModelFormatError(mf.path, "config.json says the embeddings are not tied, but lm_head.weight "
+                                            "is missing")
+        return model
+
+    # the graph ------------------------------------------------------------------------------------
+    def default_context(self) -> int:
+        ctx = super().default_context()
+        return min(ctx, self.config.sliding_window) if self.config.sliding_window else ctx
+
+    def cache_specs(self, ctx: int) -> list[CacheSpec]:
+        c = self.config
+        window = c.sliding_window
+        if window and ctx > window:
+            raise ValueError(f"a context of {ctx} tokens exceeds this model's sliding window of {window}; "
+                             "sliding-window attention is not implemented, so use ctx <= the window")
+        shape = (ctx, c.n_kv_heads, c.head_dim)
+        return [CacheSpec(f"{kv}{i}", shape) for i in range(c.n_layers) for kv in ("k", "v")]
+
+    def _w(self, g: Graph, name: str) -> Tensor:
+        return self.weights.tensor(g, name)
+
+    def _bias(self, g: Graph, name: str, present: bool) -> Tensor | None:
+        return self.weights.tensor(g, name) if present and name in self.weights else None
+
+    def _rope(self, x: Tensor, pos: sint) -> Tensor:
+        c = self.config
+        return rope(x, pos=pos, theta=c.rope_theta, interleaved=c.rope_interleaved, inv_freq=c.rope_inv_freq)
+
+    def attention(self, g: Graph, h: Tensor, i: int, pos: sint, caches: dict[str, Tensor]
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention of layer ``i`` on normed ``h [seq, hidden]``: (output, new k cache, new v cache)."""
+        c = self.config
+        seq = h.shape[0]
+        p = f"blk.{i}."
+        q = linear(h, self._w(g, p + "attn_q.weight"), self._bias(g, p + "attn_q.bias", self.qkv_bias))
+        k = linear(h, self._w(g, p + "attn_k.weight"), self._bias(g, p + "attn_k.bias", self.qkv_bias))
+        v = linear(h, self._w(g, p + "attn_v.weight"), self._bias(g, p + "attn_v.bias", self.qkv_bias))
+        q = self._rope(q.reshape((seq, c.n_heads, c.head_dim)), pos)
+        k = self._rope(k.reshape((seq, c.n_kv_heads, c.head_dim)), pos)
+        v = v.reshape((seq, c.n_kv_heads, c.head_dim))
+        k_cache, v_cache = caches[f"k{i}"], caches[f"v{i}"]
+        rows = arange(g, pos, sym.add(pos, seq))
+        k_cache, v_cache = k_cache.scatter(rows, k), v_cache.scatter(rows, v)
+        # keys 0 .. pos+seq-1; the min only keeps the bound provable (callers keep pos+seq <= ctx)
+        total = sym.smin(sym.add(pos, seq), k_cache.shape[0])
+        keys = k_cache.shrink([(0, total), None, None]).permute(1, 0, 2)          # [kv_heads, total, head_dim]
+        values = v_cache.shrink([(0, total), None, None]).permute(1, 0, 2)
+        mask = g.iota(total).reshape((1, total)) <= rows.reshape((seq, 1))      # key j visible to query pos+i
+        out = scaled_dot_product_attention(q.permute(1, 0, 2), keys, values, mask)  # [heads, seq, head_dim]
+        out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim))
+        out = linear(out, self._w(g, p + "attn_output.weight"), self._bias(g, p + "attn_output.bias", self.o_bias))
+        return out, k_cache, v_cache
+
+    def mlp(self, g: Graph, h: Tensor, i: int) -> Tensor:
+        p = f"blk.{i}."
+        gate = silu(linear(h, self._w(g, p + "ffn_gate.weight")))
+        up = linear(h, self._w(g, p + "ffn_up.weight"))
+        return linear(gate * up, self._w(g, p + "ffn_down.weight"))
+
+    def forward(self, g: Graph, tokens: Tensor, pos: sint, caches: dict[str, Tensor]
+                ) -> tuple[Tensor, dict[str, Tensor]]:
+        c = self.config
+        x = self.weights.rows(g, "token_embd.weight", tokens)
+        updated: dict[str, Tensor] = {}
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            h = rms_norm(x, self._w(g, p + "attn_norm.weight"), c.rms_norm_eps)
+            attn, updated[f"k{i}"], updated[f"v{i}"] = self.attention(g, h, i, pos, caches)
+            x = x + attn
+            h = rms_norm(x, self._w(g, p + "ffn_norm.weight"), c.rms_norm_eps)
+            x = x + self.mlp(g, h, i)
+        return rms_norm(x, self._w(g, "output_norm.weight"), c.rms_norm_eps), updated
+
+    def lm_head(self, g: Graph, hidden: Tensor) -> Tensor:
+        return linear(hidden, self._w(g, "token_embd.weight" if self.tied else "output.weight"))
