@@ -168,6 +168,12 @@ def op_shrink(c: Chain, choose) -> bool:
             ranges.append((0, s))
             continue
         b = choose(0, min(2, lo_of(s)))
+        if choose(0, 4) == 0:                                 # a symbolic start, to the end
+            name = f"b{len(c.extra_vars)}"
+            start = sym.dim(name, 0, min(2, lo_of(s)))
+            c.extra_vars[name] = start
+            ranges.append((start, s))
+            continue
         if sym.is_const(s) or choose(0, 1):
             e = choose(b, lo_of(s)) if not sym.is_const(s) else choose(b, int(s))
         else:
@@ -182,11 +188,18 @@ def op_shrink(c: Chain, choose) -> bool:
 def op_pad(c: Chain, choose) -> bool:
     if c.t.ndim == 0:
         return False
-    pads = tuple((choose(0, 2), choose(0, 2)) if choose(0, 1) else (0, 0) for _ in c.shape)
+    def amount():
+        if choose(0, 5):
+            return choose(0, 2)
+        name = f"p{len(c.extra_vars)}"                        # a symbolic pad amount
+        c.extra_vars[name] = sym.dim(name, 0, 2)
+        return c.extra_vars[name]
+    pads = tuple((amount(), amount()) if choose(0, 1) else (0, 0) for _ in c.shape)
     grown = [sym.add(s, b + a) for s, (b, a) in zip(c.shape, pads)]
     if numel_hi(grown) > MAX_ELEMENTS:
         return False
-    c.push(c.t.pad(pads), [[g] for g in grown], lambda a, env: np.pad(a, pads), f"pad{pads}")
+    c.push(c.t.pad(pads), [[g] for g in grown],
+           lambda a, env: np.pad(a, [(ev(b, env), ev(e, env)) for b, e in pads]), f"pad{pads}")
     return True
 
 
@@ -285,7 +298,7 @@ def concrete_env(dims: dict[str, sym.Var], choose) -> dict[str, int]:
     return {name: choose(v.lo, v.hi) for name, v in dims.items()}
 
 
-def check_random_chain(choose) -> Chain:
+def check_random_chain(choose, backend: str = "reference") -> Chain:
     """Build a random chain with ``choose(lo, hi)`` as the source of choices and compare it with numpy."""
     shape, in_dims = random_input(choose)
     dtype = (ls.float32, ls.int32)[choose(0, 1)]
@@ -299,7 +312,7 @@ def check_random_chain(choose) -> Chain:
         op = MOVEMENT_OPS[choose(0, len(MOVEMENT_OPS) - 1)]
         if op(c, choose):
             moves += 1
-    prog = g.compile([c.t], backend="reference")
+    prog = g.compile([c.t], backend=backend)
     all_dims = {**in_dims, **c.extra_vars}
     for _ in range(2):
         env = concrete_env(all_dims, choose)
@@ -313,7 +326,7 @@ def check_random_chain(choose) -> Chain:
         try:
             (got,) = prog(x=x_np, dims=dims)
         except Exception as e:
-            raise AssertionError(f"the reference backend failed: {e!r}: {where}") from e
+            raise AssertionError(f"the {backend} backend failed: {e!r}: {where}") from e
         assert got.shape == want.shape, f"shape {got.shape} != numpy {want.shape}: {where}"
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want, err_msg=where)
