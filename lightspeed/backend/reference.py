@@ -37,7 +37,8 @@ def _index_exprs(st: ShapeTracker):
 
 def apply_view(base: np.ndarray, st: ShapeTracker, env: dict[str, int]) -> np.ndarray:
     """The values a consumer sees through ``st`` of a dense array ``base`` (0 where the view is invalid)."""
-    flat = base.reshape(-1)
+    # values may be stride-0 broadcasts (a cast of an expanded scalar): flatten a dense copy
+    flat = np.ascontiguousarray(base).reshape(-1)
     shape = _concrete(st.shape, env)
     if len(st.views) == 1 and st.views[0].mask is None:
         v = st.views[0]
