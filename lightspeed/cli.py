@@ -36,7 +36,9 @@ def add_version(sub) -> None:
     p.set_defaults(handler=_version)
 
 
-COMMANDS: list[Callable] = [add_demo, add_version]
+from .cli_generate import add_chat, add_generate  # noqa: E402
+
+COMMANDS: list[Callable] = [add_demo, add_version, add_generate, add_chat]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -134,8 +134,13 @@ class Graph:
         return Tensor(node, ShapeTracker.contiguous((n,)))
 
     # compilation --------------------------------------------------------------
-    def compile(self, outputs: Sequence["Tensor"], backend: str = "reference", **options):
-        """Compile ``outputs`` into a callable ``prog(dims=None, **inputs) -> tuple[np.ndarray, ...]``."""
+    def compile(self, outputs: Sequence["Tensor"], backend: str = "reference", donate: Sequence[str] = (),
+                **options):
+        """Compile ``outputs`` into a callable ``prog(dims=None, **inputs) -> tuple[np.ndarray, ...]``.
+
+        ``donate`` names inputs the caller gives up: a backend may update them in place (a KV cache
+        written by Scatter), so an output may then be the very array passed in. Backend options
+        (e.g. ``templates=False`` or ``profile=True`` for ``"c"``) go to the backend."""
         from .backend import get_backend
         from .runtime import CompiledGraph
         from .tensor import Tensor
@@ -145,6 +150,10 @@ class Graph:
             if not isinstance(o, Tensor) or o.node.graph is not self:
                 raise ValueError("compile: every output must be a Tensor of this graph")
         program = Program.build(self, list(outputs))
+        unknown = [d for d in donate if d not in self.inputs]
+        if unknown:
+            raise ValueError(f"compile: donate names {unknown}, which are not inputs of this graph")
+        program.donated = set(donate)
         return CompiledGraph(program, get_backend(backend)(program, **options))
 
 
@@ -157,6 +166,7 @@ class Program:
     nodes: list[Node]  # topological order, only what the outputs need
     inputs: list[Node]
     dims: list[sym.Var] = field(default_factory=list)
+    donated: set[str] = field(default_factory=set)  # inputs a backend may overwrite (see Graph.compile)
 
     @staticmethod
     def build(graph: Graph, outputs: list) -> "Program":

@@ -195,10 +195,19 @@ def acos(x: Tensor) -> Tensor:
     return out.cast(x.dtype) if x.dtype.is_float else out
 
 
+# pi/2 as the sum of two float32 values: HALF_PI_HI - x is exact for x in [pi/4, pi]
+_HALF_PI_HI = 1.5707963705062866
+_HALF_PI_LO = -4.371139006309477e-08
+
+
 def tan(x: Tensor) -> Tensor:
-    """Tangent, as sin/cos."""
+    """Tangent, as sin/cos. Near the poles cos(|x|) is taken as sin(pi/2 - |x|) with pi/2 split
+    in two parts, so the small denominator keeps its relative precision."""
     f = _f32(x)
-    out = f.sin() / f.cos()
+    a = f.abs()
+    near_pole = (a > math.pi / 4) & (a < math.pi)
+    c = where(near_pole, ((_HALF_PI_HI - a) + _HALF_PI_LO).sin(), f.cos())
+    out = f.sin() / c
     return out.cast(x.dtype) if x.dtype.is_float else out
 
 

@@ -98,6 +98,14 @@ class Former:
                 if q is not None:
                     self.quantized[n.id] = q
         self.forced = {q.x.id for q in self.quantized.values()}
+        # Scatters into a donated input that nothing else reads write that input in place (no copy)
+        self.in_place: dict[int, Node] = {}
+        for n in order:
+            if n.op is Op.SCATTER:
+                dest, st = n.srcs[0]
+                if (dest.op is Op.INPUT and dest.arg in program.donated and st.is_contiguous
+                        and _same_shape(st.shape, dest.shape) and len(self.consumers[dest.id]) == 1):
+                    self.in_place[n.id] = dest
 
     @staticmethod
     def _topo(roots, seen, order):
@@ -244,7 +252,9 @@ class Former:
         kernels: list[ir.Kernel] = []
         temps: list[ir.Buffer] = []
         for k, n in enumerate(self.outputs):
-            if n.id not in out_bufs:
+            if n.id in self.in_place:
+                out_bufs[n.id] = self.buffers[self.in_place[n.id].id]
+            elif n.id not in out_bufs:
                 out_bufs[n.id] = ir.Buffer("output", n.dtype, n.shape, f"out{k}", slot, nbytes=_nbytes(n))
                 slot += 1
         for n in self.nodes:
@@ -252,7 +262,11 @@ class Former:
                 continue
             if not self._must_materialise(n, n.id in output_ids):
                 continue
-            buf = out_bufs.get(n.id) or ir.Buffer("temp", n.dtype, n.shape, f"t{n.id}", nbytes=_nbytes(n))
+            buf = out_bufs.get(n.id)
+            if buf is None and n.id in self.in_place:
+                buf = self.buffers[self.in_place[n.id].id]
+            if buf is None:
+                buf = ir.Buffer("temp", n.dtype, n.shape, f"t{n.id}", nbytes=_nbytes(n))
             if buf.kind == "temp":
                 temps.append(buf)
             kernels.extend(self._kernels_for(n, buf))
@@ -278,14 +292,15 @@ class Former:
         vars_ = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape))
         if n.op is Op.SCATTER:
             (dest, dst), (ind, ist), (src, sst) = n.srcs
-            copy = ir.Kernel(name + "_copy", buf, n.shape, vars_, self._read(dest, dst, list(vars_)))
-            m = _loop_var("km", ind.shape[0])
+            copy = None if n.id in self.in_place else \
+                ir.Kernel(name + "_copy", buf, n.shape, vars_, self._read(dest, dst, list(vars_)))
+            m = _loop_var("km", ist.shape[0])
             rest = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape[1:], start=1))
             svars = (m,) + rest
             index = self._read(ind, ist, [m])
             value = self._read(src, sst, list(svars))
-            write = ir.Kernel(name, buf, (ind.shape[0],) + n.shape[1:], svars, value, "scatter", index, n.shape[0])
-            return [copy, write]
+            write = ir.Kernel(name, buf, (ist.shape[0],) + n.shape[1:], svars, value, "scatter", index, n.shape[0])
+            return [write] if copy is None else [copy, write]
         if n.id in self.quantized:
             q = self.quantized[n.id]
             return [ir.Kernel(name, buf, n.shape, vars_, ir.Const(0, n.dtype), "qmatmul", template=q,

@@ -70,7 +70,8 @@ def match_quantized_matmul(r: Node, lowerings: dict) -> QuantizedMatmul | None:
             continue
         if xnode.dtype.name != "float32" or len(xnode.shape) != 2 or not sym.same(xnode.shape[1], k):
             continue
-        if not sym.same(x_off, sym.add(sym.mul(mv, k), rv)):
+        # (a single row has no row term: size-1 axes are not indexed)
+        if not sym.same(x_off, sym.add(0 if sym.same(rows, 1) else sym.mul(mv, k), rv)):
             continue
         return QuantizedMatmul(r, xnode, raw, info.qtype, rows, k, n)
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ..io import ModelFormatError, Tokenizer, load_gguf, load_model_folder
-from .base import CacheSpec, CausalLM, CompiledLM, ModelConfig
+from .base import CacheSpec, CausalLM, CompiledLM, KVAppend, ModelConfig
 from .llama import Llama, LlamaConfig
 from .weights import GGUFWeights, SafetensorsWeights, WeightStore
 
@@ -43,4 +43,4 @@ def load_model(path: "str | os.PathLike[str]", tokenizer: bool = True) -> Causal
 
 
 __all__ = ["load_model", "ARCHITECTURES", "CausalLM", "CompiledLM", "ModelConfig", "CacheSpec", "Llama",
-           "LlamaConfig", "WeightStore", "GGUFWeights", "SafetensorsWeights"]
+           "LlamaConfig", "KVAppend", "WeightStore", "GGUFWeights", "SafetensorsWeights"]

@@ -4,17 +4,26 @@ A model is a config plus weights that *builds a graph* with the Tensor API. A ca
 implements three methods and inherits the rest:
 
 - ``cache_specs(ctx)``: the KV-cache arrays it needs for a context bound ``ctx`` (static
-  shapes, rows = ``ctx``), one graph input and one graph output each;
-- ``forward(g, tokens, pos, caches)``: hidden states ``[seq, hidden]`` for ``tokens [seq]``
-  sitting at positions ``pos .. pos+seq-1``, plus the updated caches (written with Scatter
-  at rows ``pos .. pos+seq-1``);
+  shapes, rows = ``ctx``), each one graph input;
+- ``forward(g, tokens, kv)``: hidden states ``[seq, hidden]`` for ``tokens [seq]`` sitting at
+  positions ``kv.pos .. kv.pos+seq-1``. For each cache it calls ``kv.append(name, rows)``
+  with the new rows ``[seq, ...]`` and gets back every row so far ``[kv.total, ...]`` to attend
+  over (``kv.positions`` are the new tokens' positions, for RoPE and causal masks);
 - ``lm_head(g, hidden)``: logits ``[n, vocab]`` (float32).
 
 ``compile()`` builds ONE graph whose sequence length ``seq`` and position ``pos`` are
 symbolic dimensions, so a prefill chunk of many tokens and a one-token decode step run
 the same compiled program with different dimension values (no recompilation per token
-or prompt length). The returned ``CompiledLM.run(tokens, pos, caches)`` feeds the cache
-arrays in and hands the updated ones back.
+or prompt length). ``CompiledLM.run(tokens, pos, caches)`` feeds the cache arrays in and
+returns the logits and the updated caches. How the cache is updated (``kv_update``):
+
+- ``"scatter"``: the graph writes the new rows into the cache with Scatter at rows
+  ``pos .. pos+seq-1`` and outputs the whole updated cache; attention reads that output.
+  This is the in-place design; until an executor writes such outputs into the input's
+  buffer, every step copies every cache (costly for long contexts).
+- ``"rows"`` (default): the graph attends over ``concat(cache[:pos], new rows)`` and outputs
+  only the new rows; ``run`` stores them into the cache arrays in place (``seq`` rows per
+  cache per call, no copy of the cache).
 
 To add a family (Gemma, ...): subclass ``ModelConfig`` with its hyper-parameters,
 subclass ``CausalLM`` with ``from_gguf`` / ``from_folder`` constructors and the three
@@ -25,12 +34,13 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import dtypes as dt
 from .. import symbolic as sym
+from ..frontend import arange, concatenate
 from ..graph import Graph
 from ..symbolic import sint
 from ..tensor import Tensor
@@ -39,6 +49,7 @@ if TYPE_CHECKING:
     from ..io import Tokenizer
     from .weights import WeightStore
 
+KV_UPDATES = ("rows", "scatter")
 DEFAULT_MAX_CHUNK = 128  # prompt tokens per prefill call: bounds the activation memory, not the prompt
 
 
@@ -55,11 +66,46 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """One KV-cache array: a graph input of this static shape and dtype, and a graph output."""
+    """One KV-cache array: a graph input of this static shape (rows = the context bound) and dtype."""
 
     name: str
     shape: tuple[int, ...]
     dtype: dt.DType = dt.float32
+
+
+class KVAppend:
+    """The caches as a forward pass sees them: ``append(name, rows)`` adds ``rows [seq, ...]`` at
+    positions ``pos ..`` and returns all rows ``[total, ...]`` (cached, then new) to attend over.
+    It records the graph outputs that carry the update (see ``kv_update`` in the module docstring)."""
+
+    def __init__(self, g: Graph, specs: list[CacheSpec], seq: sint, pos: sint, mode: str = "rows"):
+        if mode not in KV_UPDATES:
+            raise ValueError(f"kv_update must be one of {KV_UPDATES}, got {mode!r}")
+        self.g, self.seq, self.pos, self.mode = g, seq, pos, mode
+        self.inputs = {s.name: g.input(s.name, s.shape, s.dtype) for s in specs}
+        self.outputs: dict[str, Tensor] = {}
+        ctx = specs[0].shape[0] if specs else sym.add(pos, seq)
+        # rows mode reads pos cached rows then seq new ones; scatter mode slices the updated cache,
+        # where the min only keeps the bound provable (run() keeps pos + seq <= ctx)
+        self.total: sint = sym.add(pos, seq) if mode == "rows" else sym.smin(sym.add(pos, seq), ctx)
+
+    @property
+    def positions(self) -> Tensor:
+        """The positions ``pos .. pos+seq-1`` of the new tokens (int32 ``[seq]``)."""
+        return arange(self.g, self.pos, sym.add(self.pos, self.seq))
+
+    def append(self, name: str, rows: Tensor) -> Tensor:
+        cache = self.inputs[name]
+        if name in self.outputs:
+            raise ValueError(f"cache {name!r} was appended to twice in one forward pass")
+        rest = [None] * (cache.ndim - 1)
+        rows = rows.cast(cache.dtype)
+        if self.mode == "scatter":
+            updated = cache.scatter(self.positions, rows)
+            self.outputs[name] = updated
+            return updated.shrink([(0, self.total)] + rest)
+        self.outputs[name] = rows
+        return concatenate([cache.shrink([(0, self.pos)] + rest), rows], 0)
 
 
 class CausalLM(ABC):
@@ -74,9 +120,8 @@ class CausalLM(ABC):
         """The cache arrays for a context bound of ``ctx`` tokens."""
 
     @abstractmethod
-    def forward(self, g: Graph, tokens: Tensor, pos: sint, caches: dict[str, Tensor]
-                ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Hidden states ``[seq, hidden]`` (after the final norm) and the updated caches."""
+    def forward(self, g: Graph, tokens: Tensor, kv: KVAppend) -> Tensor:
+        """Hidden states ``[seq, hidden]`` after the final norm; every cache appended to once."""
 
     @abstractmethod
     def lm_head(self, g: Graph, hidden: Tensor) -> Tensor:
@@ -87,10 +132,10 @@ class CausalLM(ABC):
         """The context bound used when none is given: the model's own, capped to keep the cache small."""
         return min(self.config.context_length, 2048)
 
-    def build(self, ctx: int, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True
-              ) -> tuple[Graph, list[Tensor], list[CacheSpec]]:
+    def build(self, ctx: int, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
+              kv_update: str = "rows") -> tuple[Graph, list[Tensor], list[CacheSpec]]:
         """The step graph: inputs ``tokens [seq]`` (int32) and the caches; dims ``seq`` and ``pos``;
-        outputs ``[logits, *updated caches]``. ``last_only`` keeps only the last position's logits
+        outputs ``[logits, *cache updates]``. ``last_only`` keeps only the last position's logits
         (``[1, vocab]``), which is all generation needs, instead of ``[seq, vocab]``."""
         if ctx < 1 or max_chunk < 1:
             raise ValueError(f"build: ctx ({ctx}) and max_chunk ({max_chunk}) must be positive")
@@ -100,26 +145,30 @@ class CausalLM(ABC):
         pos = sym.dim("pos", 0, ctx - 1)
         tokens = g.input("tokens", (seq,), dt.int32)
         specs = self.cache_specs(ctx)
-        caches = {s.name: g.input(s.name, s.shape, s.dtype) for s in specs}
-        hidden, updated = self.forward(g, tokens, pos, caches)
+        kv = KVAppend(g, specs, seq, pos, kv_update)
+        hidden = self.forward(g, tokens, kv)
         if last_only:
-            hidden = hidden.shrink([(sym.add(seq, -1), seq), None])
-        logits = self.lm_head(g, hidden)
-        missing = [s.name for s in specs if s.name not in updated]
+            last = hidden.shrink([(sym.add(seq, -1), seq), None])
+            # padded to two rows: the C backend's quantized-matmul pattern misses a static
+            # single row today, and decoding a 49k x 576 matrix per token costs 30x more
+            logits = self.lm_head(g, last.pad([(0, 1), None]).contiguous())[0:1]
+        else:
+            logits = self.lm_head(g, hidden)
+        missing = [s.name for s in specs if s.name not in kv.outputs]
         if missing:
-            raise ValueError(f"{type(self).__name__}.forward did not return the updated caches {missing}")
-        return g, [logits] + [updated[s.name] for s in specs], specs
+            raise ValueError(f"{type(self).__name__}.forward did not append to the caches {missing}")
+        return g, [logits] + [kv.outputs[s.name] for s in specs], specs
 
     def compile(self, ctx: int | None = None, *, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
-                backend: str = "c", **options) -> "CompiledLM":
+                kv_update: str = "rows", backend: str = "c", **options) -> "CompiledLM":
         """Build and compile the step program (see ``build``) for ``backend``."""
         ctx = self.default_context() if ctx is None else int(ctx)
         t0 = time.perf_counter()
-        g, outputs, specs = self.build(ctx, max_chunk, last_only)
+        g, outputs, specs = self.build(ctx, max_chunk, last_only, kv_update)
         t1 = time.perf_counter()
         program = g.compile(outputs, backend=backend, **options)
         t2 = time.perf_counter()
-        return CompiledLM(program, specs, ctx, min(max_chunk, ctx), last_only, self.config.vocab_size,
+        return CompiledLM(program, specs, ctx, min(max_chunk, ctx), last_only, self.config.vocab_size, kv_update,
                           build_seconds=t1 - t0, compile_seconds=t2 - t1)
 
 
@@ -127,10 +176,11 @@ class CompiledLM:
     """A compiled step program: ``run(tokens, pos, caches) -> (logits, updated caches)``."""
 
     def __init__(self, program, specs: list[CacheSpec], ctx: int, max_chunk: int, last_only: bool, vocab_size: int,
-                 build_seconds: float = 0.0, compile_seconds: float = 0.0):
+                 kv_update: str = "rows", build_seconds: float = 0.0, compile_seconds: float = 0.0):
         self.program = program
         self.cache_specs = specs
         self.ctx, self.max_chunk, self.last_only, self.vocab_size = ctx, max_chunk, last_only, vocab_size
+        self.kv_update = kv_update
         self.build_seconds, self.compile_seconds = build_seconds, compile_seconds
 
     def new_caches(self) -> dict[str, np.ndarray]:
@@ -139,7 +189,8 @@ class CompiledLM:
 
     def run(self, tokens, pos: int, caches: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Run ``tokens`` (at most ``max_chunk``) at positions ``pos ..``; returns the logits
-        (``[1, vocab]`` or ``[len(tokens), vocab]``) and the updated cache arrays."""
+        (``[1, vocab]`` or ``[len(tokens), vocab]``) and the updated caches: with ``kv_update="rows"``
+        the same arrays, written in place; with ``"scatter"`` the program's new arrays."""
         ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         n = ids.shape[0]
         if not 1 <= n <= self.max_chunk:
@@ -149,7 +200,8 @@ class CompiledLM:
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
         outs = self.program(dims={"pos": int(pos)}, tokens=ids, **caches)
-        return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
-
-
-ProgressCallback = Callable[[str], None]
+        if self.kv_update == "scatter":
+            return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
+        for s, rows in zip(self.cache_specs, outs[1:]):
+            caches[s.name][pos:pos + n] = rows
+        return outs[0], caches

@@ -19,13 +19,12 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
-from .. import symbolic as sym
-from ..frontend import arange, linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, silu
+from ..frontend import linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, silu
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
 from ..symbolic import sint
 from ..tensor import Tensor
-from .base import CacheSpec, CausalLM, ModelConfig
+from .base import CacheSpec, CausalLM, KVAppend, ModelConfig
 from .weights import GGUFWeights, SafetensorsWeights
 
 # GGUF-style name -> Hugging Face name ({i} is the layer)
@@ -205,30 +204,24 @@ class Llama(CausalLM):
         c = self.config
         return rope(x, pos=pos, theta=c.rope_theta, interleaved=c.rope_interleaved, inv_freq=c.rope_inv_freq)
 
-    def attention(self, g: Graph, h: Tensor, i: int, pos: sint, caches: dict[str, Tensor]
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention of layer ``i`` on normed ``h [seq, hidden]``: (output, new k cache, new v cache)."""
+    def attention(self, g: Graph, h: Tensor, i: int, kv: KVAppend) -> Tensor:
+        """Self-attention of layer ``i`` on normed ``h [seq, hidden]``, appending to caches k<i>, v<i>."""
         c = self.config
         seq = h.shape[0]
         p = f"blk.{i}."
         q = linear(h, self._w(g, p + "attn_q.weight"), self._bias(g, p + "attn_q.bias", self.qkv_bias))
         k = linear(h, self._w(g, p + "attn_k.weight"), self._bias(g, p + "attn_k.bias", self.qkv_bias))
         v = linear(h, self._w(g, p + "attn_v.weight"), self._bias(g, p + "attn_v.bias", self.qkv_bias))
-        q = self._rope(q.reshape((seq, c.n_heads, c.head_dim)), pos)
-        k = self._rope(k.reshape((seq, c.n_kv_heads, c.head_dim)), pos)
-        v = v.reshape((seq, c.n_kv_heads, c.head_dim))
-        k_cache, v_cache = caches[f"k{i}"], caches[f"v{i}"]
-        rows = arange(g, pos, sym.add(pos, seq))
-        k_cache, v_cache = k_cache.scatter(rows, k), v_cache.scatter(rows, v)
-        # keys 0 .. pos+seq-1; the min only keeps the bound provable (callers keep pos+seq <= ctx)
-        total = sym.smin(sym.add(pos, seq), k_cache.shape[0])
-        keys = k_cache.shrink([(0, total), None, None]).permute(1, 0, 2)          # [kv_heads, total, head_dim]
-        values = v_cache.shrink([(0, total), None, None]).permute(1, 0, 2)
-        mask = g.iota(total).reshape((1, total)) <= rows.reshape((seq, 1))      # key j visible to query pos+i
-        out = scaled_dot_product_attention(q.permute(1, 0, 2), keys, values, mask)  # [heads, seq, head_dim]
-        out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim))
-        out = linear(out, self._w(g, p + "attn_output.weight"), self._bias(g, p + "attn_output.bias", self.o_bias))
-        return out, k_cache, v_cache
+        q = self._rope(q.reshape((seq, c.n_heads, c.head_dim)), kv.pos)
+        k = self._rope(k.reshape((seq, c.n_kv_heads, c.head_dim)), kv.pos)
+        keys = kv.append(f"k{i}", k).permute(1, 0, 2)                           # [kv_heads, total, head_dim]
+        values = kv.append(f"v{i}", v.reshape((seq, c.n_kv_heads, c.head_dim))).permute(1, 0, 2)
+        visible = g.iota(kv.total).reshape((1, kv.total)) <= kv.positions.reshape((seq, 1))  # key j <= pos + i
+        out = scaled_dot_product_attention(q.permute(1, 0, 2), keys, values, visible)  # [heads, seq, head_dim]
+        # dense rows, so the output projection reads them like any activation (and a quantized
+        # matmul kernel can take it)
+        out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim)).contiguous()
+        return linear(out, self._w(g, p + "attn_output.weight"), self._bias(g, p + "attn_output.bias", self.o_bias))
 
     def mlp(self, g: Graph, h: Tensor, i: int) -> Tensor:
         p = f"blk.{i}."
@@ -236,19 +229,14 @@ class Llama(CausalLM):
         up = linear(h, self._w(g, p + "ffn_up.weight"))
         return linear(gate * up, self._w(g, p + "ffn_down.weight"))
 
-    def forward(self, g: Graph, tokens: Tensor, pos: sint, caches: dict[str, Tensor]
-                ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, g: Graph, tokens: Tensor, kv: KVAppend) -> Tensor:
         c = self.config
         x = self.weights.rows(g, "token_embd.weight", tokens)
-        updated: dict[str, Tensor] = {}
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            h = rms_norm(x, self._w(g, p + "attn_norm.weight"), c.rms_norm_eps)
-            attn, updated[f"k{i}"], updated[f"v{i}"] = self.attention(g, h, i, pos, caches)
-            x = x + attn
-            h = rms_norm(x, self._w(g, p + "ffn_norm.weight"), c.rms_norm_eps)
-            x = x + self.mlp(g, h, i)
-        return rms_norm(x, self._w(g, "output_norm.weight"), c.rms_norm_eps), updated
+            x = x + self.attention(g, rms_norm(x, self._w(g, p + "attn_norm.weight"), c.rms_norm_eps), i, kv)
+            x = x + self.mlp(g, rms_norm(x, self._w(g, p + "ffn_norm.weight"), c.rms_norm_eps), i)
+        return rms_norm(x, self._w(g, "output_norm.weight"), c.rms_norm_eps)
 
     def lm_head(self, g: Graph, hidden: Tensor) -> Tensor:
         return linear(hidden, self._w(g, "token_embd.weight" if self.tied else "output.weight"))

@@ -55,7 +55,7 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 def to_torch(a: np.ndarray, d: torch.dtype) -> torch.Tensor:
     """Wrap a Lightspeed output buffer as a torch tensor of dtype ``d`` (no copy)."""
     if not a.flags.writeable or not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a).copy()
+        a = np.array(a, copy=True, order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
     if d is torch.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     t = torch.from_numpy(a)

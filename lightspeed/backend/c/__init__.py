@@ -17,7 +17,7 @@ from .compiler import (CompilerError, compile_shared, default_flags, find_compil
 from .render import render_plan
 
 _FFI = cffi.FFI()
-_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena);")
+_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];")
 
 try:  # the backend's from_buffer skips a Python-level wrapper (about 0.4 us per buffer)
     _from_buffer_raw = _FFI._backend.from_buffer
@@ -42,14 +42,15 @@ __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "s
 class CBackend:
     """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags),
     ``templates`` (False runs every subgraph as generic fused loops, without lowered kernels such as the
-    quantized matmul)."""
+    quantized matmul), ``profile`` (time every kernel; read with ``kernel_times()``)."""
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
-                 templates: bool = True):
+                 templates: bool = True, profile: bool = False):
         t0 = time.perf_counter()
         self.program = program
         self.plan = form_kernels(program, use_templates=templates)
-        self.source = render_plan(self.plan)
+        self.profile = profile
+        self.source = render_plan(self.plan, profile=profile)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library
         self.library_path = compile_shared(self.source, flags if flags is not None else default_flags(),
                                            cc or find_compiler())
@@ -57,6 +58,7 @@ class CBackend:
         self._lib = _FFI.dlopen(str(self.library_path))
         self._fn = self._lib.ls_graph
         self.compile_seconds = time.perf_counter() - t0
+        self._profile = _FFI.cast("int64_t *", _FFI.addressof(self._lib, "ls_profile_ns")) if profile else None
         plan = self.plan
         n_slots = len(plan.inputs) + len(plan.consts) + len(set(id(b) for b in plan.outputs))
         self._ptrs = _FFI.new("void *[]", max(n_slots, 1))
@@ -72,32 +74,53 @@ class CBackend:
         self._outs = []  # (slot, shape exprs, numpy dtype, first index using that buffer)
         seen: dict[int, int] = {}
         for k, b in enumerate(plan.outputs):
+            if b.kind == "input":  # a donated input updated in place: the output is the caller's array
+                self._outs.append((b.slot, b.name, None, seen.setdefault(id(b), k)))
+                continue
             static = all(sym.is_const(d) for d in b.shape)
             shape = tuple(int(d) for d in b.shape) if static else _shape_function(b.shape)
             self._outs.append((b.slot, shape, b.dtype.np, seen.setdefault(id(b), k)))
         self._has_duplicates = len(seen) != len(self._outs)
+        self._has_in_place = any(o[2] is None for o in self._outs)
+
+    def kernel_times(self, reset: bool = True) -> list[tuple[str, float]]:
+        """(kernel name, seconds spent) accumulated since the last reset; needs ``profile=True``."""
+        if self._profile is None:
+            raise ValueError("kernel_times: compile with backend options profile=True")
+        out = []
+        for i, k in enumerate(self.plan.kernels):
+            out.append((f"{k.name}:{k.schedule}", self._profile[i] / 1e9))
+            if reset:
+                self._profile[i] = 0
+        return out
 
     def run(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
         ptrs = self._ptrs
-        keep = []
+        used = {}  # the arrays native code sees (contiguous copies of non-contiguous inputs)
         for name, slot in self._in_slots:
             a = inputs[name]
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
-                keep.append(a)
+                used[name] = a
             ptrs[slot] = _from_buffer(a)
         dims = self._dims
         for i, name in enumerate(self._dim_names):
             dims[i] = env[name]
         outs: list = []
         for k, (slot, shape, npdt, first) in enumerate(self._outs):
-            if first == k:
+            if npdt is None:
+                outs.append(None)  # filled after the run
+            elif first == k:
                 o = np.empty(shape if type(shape) is tuple else shape(env), dtype=npdt)
                 ptrs[slot] = _from_buffer(o)
                 outs.append(o)
             else:
                 outs.append(None)  # the same buffer as an earlier output: copied after the run
         self._fn(ptrs, dims, self._arena_ptr)
+        if self._has_in_place:
+            for k, (slot, name, npdt, first) in enumerate(self._outs):
+                if npdt is None and first == k:
+                    outs[k] = used.get(name, inputs[name])
         if self._has_duplicates:
             return [o if o is not None else outs[first].copy() for o, (_, _, _, first) in zip(outs, self._outs)]
         return outs

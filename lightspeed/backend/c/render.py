@@ -417,15 +417,25 @@ class KernelRenderer:
         return out
 
 
-def render_plan(plan: KernelPlan) -> str:
-    """The complete C source of a plan."""
+def render_plan(plan: KernelPlan, profile: bool = False) -> str:
+    """The complete C source of a plan. With ``profile``, ``ls_graph`` also accumulates the nanoseconds
+    each kernel takes into ``ls_profile_ns[k]`` (exported with ``ls_profile_count``)."""
     r = KernelRenderer(plan)
     funcs, calls = [], []
-    for k in plan.kernels:
+    for i, k in enumerate(plan.kernels):
         f, c = r.kernel(k)
         funcs.append(f)
+        if profile:
+            c = f"    {{ const int64_t t0 = ls_now_ns();\n{c}\n      ls_profile_ns[{i}] += ls_now_ns() - t0; }}"
         calls.append(c)
     dims = [f"    const int64_t D_{v.name} = dims[{i}]; (void)D_{v.name};" for i, v in enumerate(plan.dims)]
     main = ["void ls_graph(void **bufs, const int64_t *dims, char *arena) {",
             "    ls_args a = {bufs, dims, arena};", "    (void)a;"] + dims + calls + ["}"]
-    return PRELUDE + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"
+    extra = ""
+    if profile:
+        extra = ("#include <time.h>\n"
+                 f"int64_t ls_profile_ns[{max(len(plan.kernels), 1)}];\n"
+                 f"const int64_t ls_profile_count = {len(plan.kernels)};\n"
+                 "static inline int64_t ls_now_ns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); "
+                 "return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec; }\n")
+    return PRELUDE + extra + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"

@@ -50,6 +50,16 @@ def _nan_propagating(x: Tensor, out: Tensor, axes: list[int]) -> Tensor:
     return F.where(has_nan.cast(dt.bool_), float("nan"), out)
 
 
+def mean_axes(t: Tensor, axes: list[int], keepdim: bool) -> Tensor:
+    """Mean over ``axes``; NaN when they hold no elements (as PyTorch)."""
+    n: sym.sint = 1
+    for a in axes:
+        n = sym.mul(n, t.shape[a])
+    if sym.is_const(n) and int(n) == 0:
+        return _keep(t, _sum(t, axes), axes, keepdim) * float("nan")
+    return F.mean(t, axes, keepdim)
+
+
 def amax_axes(x: Tensor, axes: list[int]) -> Tensor:
     out = x
     for a in reversed(axes):
@@ -76,7 +86,7 @@ def mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
     t = x.cast(float_compute(ctx.out_dtype()))
     if not axes:
         return t
-    return F.mean(t, axes, keepdim)
+    return mean_axes(t, axes, keepdim)
 
 
 @lowers(aten.amax.default)
@@ -139,7 +149,7 @@ def _variance(ctx, x: Tensor, dim, correction, keepdim: bool) -> tuple[Tensor, T
         n: sym.sint = 1
         mu = t
     else:
-        mu = F.mean(t, axes, keepdim=True)
+        mu = mean_axes(t, axes, keepdim=True)
         n = 1
         for a in axes:
             n = sym.mul(n, x.shape[a])
@@ -150,7 +160,7 @@ def _variance(ctx, x: Tensor, dim, correction, keepdim: bool) -> tuple[Tensor, T
         var = s / max(float(int(n)) - float(c), 0.0)
     else:
         var = s / (x.graph.constant_dim(n, dt.float32) - float(c)).cast(t.dtype).maximum(0.0)
-    mean = _keep(x, F.mean(t, axes, keepdim=False), axes, keepdim) if axes else t
+    mean = mean_axes(t, axes, keepdim) if axes else t
     return var, mean
 
 

