@@ -54,13 +54,13 @@ def hf_logits(model, ids) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
-def compile_full(lm, backend: str = "c", max_chunk: int = 16):
-    return lm.compile(CTX, max_chunk=max_chunk, last_only=False, backend=backend)
+def compile_full(lm, backend: str = "c", max_chunk: int = 16, kv_update: str = "rows"):
+    return lm.compile(CTX, max_chunk=max_chunk, last_only=False, backend=backend, kv_update=kv_update)
 
 
-def check_against(lm, ref, backend: str = "c", split: int = 5) -> None:
+def check_against(lm, ref, backend: str = "c", split: int = 5, kv_update: str = "rows") -> None:
     """All logits of TOKENS in one call, then prefill TOKENS[:split] and decode the rest one by one."""
-    step = compile_full(lm, backend)
+    step = compile_full(lm, backend, kv_update=kv_update)
     want = hf_logits(ref, TOKENS)
     logits, _ = step.run(TOKENS, 0, step.new_caches())
     np.testing.assert_allclose(logits, want, **TOL)
@@ -71,13 +71,14 @@ def check_against(lm, ref, backend: str = "c", split: int = 5) -> None:
         np.testing.assert_allclose(logits[0], want[p], **TOL, err_msg=f"decode step at position {p}")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "mistral"])
-def test_safetensors_folder_matches_transformers(tmp_path, model_type):
+@pytest.mark.parametrize("model_type,kv_update", [("llama", "rows"), ("qwen2", "rows"), ("mistral", "rows"),
+                                                 ("llama", "scatter")])
+def test_safetensors_folder_matches_transformers(tmp_path, model_type, kv_update):
     ref = make_hf_model(tmp_path, model_type)
     lm = load_model(tmp_path)
     assert lm.config.architecture == model_type
     assert lm.qkv_bias == (model_type == "qwen2")
-    check_against(lm, ref)
+    check_against(lm, ref, kv_update=kv_update)
 
 
 def test_qwen2_biases_matter(tmp_path):
@@ -110,10 +111,11 @@ def test_llama3_rope_scaling_and_attention_bias(tmp_path):
     check_against(lm, ref)
 
 
-def test_reference_backend_agrees(tmp_path):
+@pytest.mark.parametrize("kv_update", ["rows", "scatter"])
+def test_reference_backend_agrees(tmp_path, kv_update):
     """The numpy oracle runs the same graph (fewer tokens: it is slow)."""
     ref = make_hf_model(tmp_path, "qwen2", seed=3, num_hidden_layers=1)
-    step = compile_full(load_model(tmp_path), backend="reference")
+    step = compile_full(load_model(tmp_path), backend="reference", kv_update=kv_update)
     want = hf_logits(ref, TOKENS[:4])
     logits, caches = step.run(TOKENS[:3], 0, step.new_caches())
     np.testing.assert_allclose(logits, want[:3], **TOL)
