@@ -57,7 +57,7 @@ def mean(x: Tensor, axis: int | Sequence[int] | None = None, keepdim: bool = Fal
     s = sum(xf, axis, keepdim)
     n = count(x, axis)
     if sym.is_const(n):
-        return s * (1.0 / int(n))
+        return s * (1.0 / int(n)) if int(n) > 0 else s * float("nan")  # the mean of nothing is NaN, as in numpy
     return s / x.graph.constant_dim(n, s.dtype).broadcast_to(s.shape)
 
 
