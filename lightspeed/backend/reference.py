@@ -102,7 +102,8 @@ def _cast(x: np.ndarray, src: dt.DType, to: dt.DType) -> np.ndarray:
             t = np.trunc(x.astype(np.float64))
             info = np.iinfo(to.np)
             t = np.where(np.isnan(t), 0, np.clip(t, info.min, info.max))
-        return t.astype(to.np)
+            # int64's maximum rounds up to 2**63 as a float64, which astype would wrap to the minimum
+            return np.where(t >= float(info.max), info.max, t.astype(to.np)).astype(to.np)
     return x.astype(to.np)
 
 
