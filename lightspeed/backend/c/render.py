@@ -62,19 +62,38 @@ class KernelRenderer:
         self.plan = plan
         self.dims = set(plan.dims)
         self.rename: dict[sym.Var, str] = {}  # loop variables rendered as an expression (unrolled copies)
+        self.start_kernel(None)
+
+    def start_kernel(self, k: ir.Kernel | None) -> None:
+        """Reset the per-kernel names: buffers and loop variables are numbered in order of use, so two
+        kernels that differ only in which buffers they touch render to the same text (and one function)."""
         self.n = 0
+        self.local: dict[sym.Var, str] = {}
+        self.kbufs: dict[int, int] = {}
+        if k is not None:
+            for b in self.kernel_buffers(k):
+                self.kbufs[id(b)] = len(self.kbufs)
+
+    @staticmethod
+    def kernel_buffers(k: ir.Kernel) -> list[ir.Buffer]:
+        return [k.out] + [b for b in k.reads if b is not k.out]
 
     def var(self, v: sym.Var) -> str:
-        """C name of a variable: program dimensions are D_<name>, loop variables keep their name."""
+        """C name of a variable: program dimensions are D_<name>, loop variables get per-kernel names."""
         if v in self.rename:
             return self.rename[v]
-        return f"D_{v.name}" if v in self.dims else v.name
+        if v in self.dims:
+            return f"D_{v.name}"
+        name = self.local.get(v)
+        if name is None:
+            name = self.local[v] = f"{v.name.rstrip('0123456789')}_{len(self.local)}"
+        return name
 
     def idx(self, e: sym.sint) -> str:
         return sym.render_c(e, self.var)
 
     def buf(self, b: ir.Buffer) -> str:
-        return f"b{b.slot}" if b.kind != "temp" else f"t_{b.name}"
+        return f"bp{self.kbufs[id(b)]}"
 
     def load(self, b: ir.Buffer, off: sym.sint) -> str:
         ref = f"{self.buf(b)}[{self.idx(off)}]"
@@ -225,6 +244,7 @@ class KernelRenderer:
     # kernels -----------------------------------------------------------------------
     def kernel(self, k: ir.Kernel) -> tuple[str, str]:
         """(the kernel's static function, the statement in ls_graph that runs it)."""
+        self.start_kernel(k)
         if k.schedule == "qmatmul":
             return self.quantized_matmul(k)
         shape, vars_ = list(k.shape), list(k.loop_vars)
@@ -232,8 +252,8 @@ class KernelRenderer:
             shape, vars_ = [1], [_loop_var("ko_scalar", 1)]
         outer, last = shape[:-1], shape[-1]
         blocked = k.schedule == "tiled" and len(outer) >= 1  # rows of the tiled reduction go MR at a time
-        lines = [f"static void {k.name}(void *vctx, int64_t p0, int64_t p1) {{",
-                 "    const ls_args *a = (const ls_args *)vctx;", "    (void)a;"]
+        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
+                 "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
         lines += [f"    {d}" for d in self.decls(k)]
         if blocked:
             M = self.idx(outer[-1])
@@ -271,8 +291,8 @@ class KernelRenderer:
         lines += ["    }", "}"]
         work = sym.mul(sym.prod(shape), self.work_per_item(k.value))
         call = (f"    {{ const int64_t P = {P}, L = {L}; const int64_t n = P * ls_chunks(P, L);\n"
-                f"      if (({self.idx(work)}) >= {PARALLEL_GRAIN}) ls_parallel_for({k.name}, &a, n); "
-                f"else {k.name}(&a, 0, n); }}")
+                f"      if (({self.idx(work)}) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); "
+                f"else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
 
     def quantized_matmul(self, k: ir.Kernel) -> tuple[str, str]:
@@ -290,8 +310,8 @@ class KernelRenderer:
         x_buf, raw_buf = k.template_reads
         M, N = self.idx(q.rows), self.idx(q.out_features)
         rows_per_item = max(1, min(QMM_L2_BYTES // row_bytes, 64))
-        lines = [f"static void {k.name}(void *vctx, int64_t p0, int64_t p1) {{",
-                 "    const ls_args *a = (const ls_args *)vctx;"]
+        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
+                 "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
         lines += [f"    {d}" for d in self.decls(k)]
         lines += [
             f"    const int64_t M = {M}, N = {N};",
@@ -338,7 +358,7 @@ class KernelRenderer:
         items = f"((N + {rows_per_item - 1}) / {rows_per_item})"
         work = f"(M * N * {K}LL)"
         call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t n = {items}; (void)M;\n"
-                f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for({k.name}, &a, n); else {k.name}(&a, 0, n); }}")
+                f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
 
     def work_per_item(self, x: ir.IR) -> sym.sint:
@@ -398,44 +418,52 @@ class KernelRenderer:
 
     def scatter_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
         rows_var = _loop_var("kid", k.scatter_rows)
+        kid = self.var(rows_var)
         off = self.idx(_dense_offset([rows_var] + list(vars_[1:]), k.out.shape))
         return [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
-                f"            const int64_t kid = (int64_t)({self.expr(k.scatter_index)});",
-                f"            if (kid >= 0 && kid < {self.idx(k.scatter_rows)}) "
+                f"            const int64_t {kid} = (int64_t)({self.expr(k.scatter_index)});",
+                f"            if ({kid} >= 0 && {kid} < {self.idx(k.scatter_rows)}) "
                 f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, self.expr(k.value))};",
                 "        }"]
 
     def decls(self, k: ir.Kernel) -> list[str]:
         out = []
-        bufs = [k.out] + [b for b in k.reads if b is not k.out]
-        for b in bufs:
-            ptr = f"a->bufs[{b.slot}]" if b.kind != "temp" else f"(a->arena + {b.offset})"
+        for i, b in enumerate(self.kernel_buffers(k)):
             qual = "" if b is k.out else "const "
-            out.append(f"{qual}{STORAGE[b.dtype]} *restrict {self.buf(b)} = ({qual}{STORAGE[b.dtype]} *){ptr};")
+            out.append(f"{qual}{STORAGE[b.dtype]} *restrict {self.buf(b)} = ({qual}{STORAGE[b.dtype]} *)l->p[{i}];")
         for i, v in enumerate(self.plan.dims):
             out.append(f"const int64_t D_{v.name} = a->dims[{i}]; (void)D_{v.name};")
         return out
 
 
+def _pointer(b: ir.Buffer) -> str:
+    return f"bufs[{b.slot}]" if b.kind != "temp" else f"(void *)(arena + {b.offset})"
+
+
 def render_plan(plan: KernelPlan, profile: bool = False) -> str:
-    """The complete C source of a plan. With ``profile``, ``ls_graph`` also accumulates the nanoseconds
-    each kernel takes into ``ls_profile_ns[k]`` (exported with ``ls_profile_count``)."""
+    """The complete C source of a plan. Kernels that render to the same text (the same computation on
+    different buffers, e.g. every layer of a model) share one function. With ``profile``, ``ls_graph``
+    also accumulates the nanoseconds each kernel takes into ``ls_profile_ns[k]``."""
     r = KernelRenderer(plan)
-    funcs, calls = [], []
+    functions: dict[str, str] = {}  # text -> function name
+    calls = []
     for i, k in enumerate(plan.kernels):
         f, c = r.kernel(k)
-        funcs.append(f)
+        name = functions.setdefault(f, f"kfn{len(functions)}")
+        ptrs = ", ".join(_pointer(b) for b in r.kernel_buffers(k))
+        c = c.replace("KFN", name).replace("    {", f"    {{ ls_launch l = {{&a, {{{ptrs}}}}}; /* {k.name} */", 1)
         if profile:
             c = f"    {{ const int64_t t0 = ls_now_ns();\n{c}\n      ls_profile_ns[{i}] += ls_now_ns() - t0; }}"
         calls.append(c)
+    max_ptrs = max([len(r.kernel_buffers(k)) for k in plan.kernels] + [1])
+    header = ("typedef struct { const ls_args *a; void *p[" + str(max_ptrs) + "]; } ls_launch;\n")
+    if profile:
+        header += ("#include <time.h>\n"
+                   f"int64_t ls_profile_ns[{max(len(plan.kernels), 1)}];\n"
+                   "static inline int64_t ls_now_ns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); "
+                   "return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec; }\n")
+    funcs = [text.replace("KFN", name) for text, name in functions.items()]
     dims = [f"    const int64_t D_{v.name} = dims[{i}]; (void)D_{v.name};" for i, v in enumerate(plan.dims)]
     main = ["void ls_graph(void **bufs, const int64_t *dims, char *arena) {",
             "    ls_args a = {bufs, dims, arena};", "    (void)a;"] + dims + calls + ["}"]
-    extra = ""
-    if profile:
-        extra = ("#include <time.h>\n"
-                 f"int64_t ls_profile_ns[{max(len(plan.kernels), 1)}];\n"
-                 f"const int64_t ls_profile_count = {len(plan.kernels)};\n"
-                 "static inline int64_t ls_now_ns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); "
-                 "return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec; }\n")
-    return PRELUDE + extra + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"
+    return PRELUDE + header + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"
