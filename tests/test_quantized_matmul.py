@@ -36,15 +36,17 @@ def build(qtype: QType, k: int, n: int, raw: np.ndarray, with_bias: bool):
 
 
 @pytest.mark.parametrize("qtype", list(F16_FIELDS), ids=lambda q: q.name)
-@pytest.mark.parametrize("templates", [True, False], ids=["template", "generic"])
-def test_quantized_linear_matches_reference(qtype: QType, templates: bool) -> None:
+@pytest.mark.parametrize("templates,portable", [(True, False), (True, True), (False, False)],
+                         ids=["template", "template-portable", "generic"])
+def test_quantized_linear_matches_reference(qtype: QType, templates: bool, portable: bool) -> None:
+    """``portable`` forces the plain-C path of the template (what CPUs without AVX2/AVX-512 run)."""
     rng = np.random.default_rng(int(qtype))
     k = 2 * block_format(qtype).block_elems if block_format(qtype).block_elems > 32 else 96
     n = 37  # not a multiple of anything the kernel tiles by
     raw = random_raw(qtype, n, k, rng)
     g, y = build(qtype, k, n, raw, with_bias=True)
     ref = g.compile([y], backend="reference")
-    nat = g.compile([y], backend="c", templates=templates)
+    nat = g.compile([y], backend="c", templates=templates, portable=portable)
     schedules = [kern.schedule for kern in nat.executor.plan.kernels]
     assert ("qmatmul" in schedules) == templates, schedules
     for m in (1, 3, 6):  # one row (decode), fewer rows than a tile, more than a tile
@@ -66,6 +68,20 @@ def test_template_reads_raw_blocks_without_decoding_them_to_memory() -> None:
     (got,) = prog(x=xv)
     (want,) = g.compile([y], backend="reference")(x=xv)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-4)
+
+
+def test_single_row_activation_uses_the_template() -> None:
+    """A [1, k] activation (the last position's hidden state before the logits) has no row index."""
+    rng = np.random.default_rng(3)
+    k, n = 64, 50
+    raw = random_raw(QType.Q8_0, n, k, rng)
+    g = ls.Graph()
+    x = g.input("x", (1, k))
+    y = x.linear(dequant_matrix_graph(g.constant(raw), QType.Q8_0))
+    prog = g.compile([y], backend="c")
+    assert [kern.schedule for kern in prog.executor.plan.kernels] == ["qmatmul"]
+    xv = rng.standard_normal((1, k)).astype(np.float32)
+    np.testing.assert_allclose(prog(x=xv)[0], g.compile([y])(x=xv)[0], rtol=2e-5, atol=1e-4)
 
 
 def test_weight_read_through_another_view_is_not_matched() -> None:

@@ -42,15 +42,16 @@ __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "s
 class CBackend:
     """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags),
     ``templates`` (False runs every subgraph as generic fused loops, without lowered kernels such as the
-    quantized matmul), ``profile`` (time every kernel; read with ``kernel_times()``)."""
+    quantized matmul), ``profile`` (time every kernel; read with ``kernel_times()``), ``portable`` (use
+    only the portable C paths of the kernels, not the ones for CPU features such as AVX-512)."""
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
-                 templates: bool = True, profile: bool = False):
+                 templates: bool = True, profile: bool = False, portable: bool = False):
         t0 = time.perf_counter()
         self.program = program
         self.plan = form_kernels(program, use_templates=templates)
         self.profile = profile
-        self.source = render_plan(self.plan, profile=profile)
+        self.source = ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(self.plan, profile=profile)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library
         self.library_path = compile_shared(self.source, flags if flags is not None else default_flags(),
                                            cc or find_compiler())

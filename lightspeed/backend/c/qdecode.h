@@ -78,3 +78,143 @@ static inline void ls_dq_q6_k(const uint8_t *b, float *restrict w) {
         }
     }
 }
+
+/* Dot products of one weight row (nblk blocks of 32) with up to 4 activation rows, for the
+ * 32-element formats. With AVX-512 each block is decoded into two 16-float vectors once and
+ * multiplied into every row; elsewhere the portable decoders above are used. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+static inline __m512 ls_bcast_f16(const uint8_t *p) { return _mm512_set1_ps(ls_f16(p)); }
+
+#define LS_DEC_Q8_0(b, w0, w1) do { \
+    const __m512 d_ = ls_bcast_f16(b); \
+    w0 = _mm512_mul_ps(d_, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((b) + 2))))); \
+    w1 = _mm512_mul_ps(d_, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((b) + 18))))); \
+} while (0)
+
+#define LS_NIBBLES(q, lo, hi) do { \
+    const __m128i bytes_ = _mm_loadu_si128((const __m128i *)(q)); \
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes_, _mm_set1_epi8(15)))); \
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes_, 4), _mm_set1_epi8(15)))); \
+} while (0)
+
+#define LS_DEC_Q4_0(b, w0, w1) do { \
+    const __m512 d_ = ls_bcast_f16(b), off_ = _mm512_set1_ps(-8.0f); \
+    __m512 lo_, hi_; LS_NIBBLES((b) + 2, lo_, hi_); \
+    w0 = _mm512_mul_ps(d_, _mm512_add_ps(lo_, off_)); w1 = _mm512_mul_ps(d_, _mm512_add_ps(hi_, off_)); \
+} while (0)
+
+#define LS_DEC_Q4_1(b, w0, w1) do { \
+    const __m512 d_ = ls_bcast_f16(b), m_ = ls_bcast_f16((b) + 2); \
+    __m512 lo_, hi_; LS_NIBBLES((b) + 4, lo_, hi_); \
+    w0 = _mm512_fmadd_ps(d_, lo_, m_); w1 = _mm512_fmadd_ps(d_, hi_, m_); \
+} while (0)
+
+#define LS_QDOT_AVX512(NAME, DEC, BB) \
+static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
+                        int64_t mr, float *restrict out, int64_t ostride) { \
+    __m512 a0[4], a1[4]; \
+    for (int r = 0; r < 4; r++) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
+    if (mr == 1) { \
+        for (int64_t b = 0; b < nblk; b++) { \
+            __builtin_prefetch(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+            __m512 w0, w1; DEC(w + b * (BB), w0, w1); \
+            a0[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * b), a0[0]); \
+            a1[0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * b + 16), a1[0]); \
+        } \
+    } else { \
+        for (int64_t b = 0; b < nblk; b++) { \
+            __builtin_prefetch(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+            __m512 w0, w1; DEC(w + b * (BB), w0, w1); \
+            for (int r = 0; r < 4; r++) { \
+                if (r < mr) { \
+                    a0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * K + 32 * b), a0[r]); \
+                    a1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * K + 32 * b + 16), a1[r]); \
+                } \
+            } \
+        } \
+    } \
+    for (int r = 0; r < mr; r++) out[r * ostride] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])); \
+}
+#ifndef LS_QMM_PREFETCH
+#define LS_QMM_PREFETCH 4096
+#endif
+LS_QDOT_AVX512(ls_qdot_q8_0, LS_DEC_Q8_0, 34)
+LS_QDOT_AVX512(ls_qdot_q4_0, LS_DEC_Q4_0, 18)
+LS_QDOT_AVX512(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
+#define LS_HAVE_QDOT_q8_0 1
+#define LS_HAVE_QDOT_q4_0 1
+#define LS_HAVE_QDOT_q4_1 1
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* the same with 256-bit vectors: a block of 32 decodes into four 8-float vectors */
+static inline __m256 ls_bcast_f16(const uint8_t *p) { return _mm256_set1_ps(ls_f16(p)); }
+static inline __m256 ls_u8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+#define LS_DEC_Q8_0(b, w) do { \
+    const __m256 d_ = ls_bcast_f16(b); \
+    for (int i_ = 0; i_ < 4; i_++) \
+        w[i_] = _mm256_mul_ps(d_, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32( \
+            _mm_loadl_epi64((const __m128i *)((b) + 2 + 8 * i_))))); \
+} while (0)
+
+#define LS_NIBBLES8(q, w) do { \
+    const __m128i bytes_ = _mm_loadu_si128((const __m128i *)(q)); \
+    const __m128i lo_ = _mm_and_si128(bytes_, _mm_set1_epi8(15)); \
+    const __m128i hi_ = _mm_and_si128(_mm_srli_epi16(bytes_, 4), _mm_set1_epi8(15)); \
+    w[0] = ls_u8x8_to_ps(lo_); w[1] = ls_u8x8_to_ps(_mm_srli_si128(lo_, 8)); \
+    w[2] = ls_u8x8_to_ps(hi_); w[3] = ls_u8x8_to_ps(_mm_srli_si128(hi_, 8)); \
+} while (0)
+
+#define LS_DEC_Q4_0(b, w) do { \
+    const __m256 d_ = ls_bcast_f16(b), off_ = _mm256_set1_ps(-8.0f); \
+    LS_NIBBLES8((b) + 2, w); \
+    for (int i_ = 0; i_ < 4; i_++) w[i_] = _mm256_mul_ps(d_, _mm256_add_ps(w[i_], off_)); \
+} while (0)
+
+#define LS_DEC_Q4_1(b, w) do { \
+    const __m256 d_ = ls_bcast_f16(b), m_ = ls_bcast_f16((b) + 2); \
+    LS_NIBBLES8((b) + 4, w); \
+    for (int i_ = 0; i_ < 4; i_++) w[i_] = _mm256_fmadd_ps(d_, w[i_], m_); \
+} while (0)
+
+static inline float ls_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+#define LS_QDOT_AVX2(NAME, DEC, BB) \
+static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
+                        int64_t mr, float *restrict out, int64_t ostride) { \
+    __m256 acc[4][2]; \
+    for (int r = 0; r < 4; r++) { acc[r][0] = _mm256_setzero_ps(); acc[r][1] = _mm256_setzero_ps(); } \
+    for (int64_t b = 0; b < nblk; b++) { \
+        __builtin_prefetch(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+        __m256 wv[4]; DEC(w + b * (BB), wv); \
+        for (int r = 0; r < 4; r++) { \
+            if (r < mr) { \
+                const float *xr = x + r * K + 32 * b; \
+                acc[r][0] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xr), acc[r][0]); \
+                acc[r][1] = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xr + 8), acc[r][1]); \
+                acc[r][0] = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xr + 16), acc[r][0]); \
+                acc[r][1] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xr + 24), acc[r][1]); \
+            } \
+        } \
+    } \
+    for (int r = 0; r < mr; r++) out[r * ostride] = ls_hsum256(_mm256_add_ps(acc[r][0], acc[r][1])); \
+}
+#ifndef LS_QMM_PREFETCH
+#define LS_QMM_PREFETCH 4096
+#endif
+LS_QDOT_AVX2(ls_qdot_q8_0, LS_DEC_Q8_0, 34)
+LS_QDOT_AVX2(ls_qdot_q4_0, LS_DEC_Q4_0, 18)
+LS_QDOT_AVX2(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
+#define LS_HAVE_QDOT_q8_0 1
+#define LS_HAVE_QDOT_q4_0 1
+#define LS_HAVE_QDOT_q4_1 1
+#endif

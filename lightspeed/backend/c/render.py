@@ -306,7 +306,8 @@ class KernelRenderer:
         K = q.in_features
         nblk = K // E
         row_bytes = nblk * BB
-        decode = f"ls_dq_{TEMPLATE_QTYPES[q.qtype]}"
+        tname = TEMPLATE_QTYPES[q.qtype]
+        decode = f"ls_dq_{tname}"
         x_buf, raw_buf = k.template_reads
         M, N = self.idx(q.rows), self.idx(q.out_features)
         rows_per_item = max(1, min(QMM_L2_BYTES // row_bytes, 64))
@@ -322,6 +323,10 @@ class KernelRenderer:
             f"        const int64_t n0 = p * {rows_per_item}, n1 = ls_min(N, n0 + {rows_per_item});",
             f"        for (int64_t m0 = 0; m0 < M; m0 += {ROW_BLOCK}) {{",
             f"            const int64_t mr = ls_min({ROW_BLOCK}, M - m0);",
+            f"#if defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
+            "            for (int64_t n = n0; n < n1; n++)",
+            f"                ls_qdot_{tname}(wraw + n * {row_bytes}LL, xs + m0 * {K}LL, {K}, {nblk}, mr, out + m0 * N + n, N);",
+            "#else",
             "            for (int64_t n = n0; n < n1; n++) {",
             f"                const uint8_t *wrow = wraw + n * {row_bytes}LL;",
             f"                float acc[{ROW_BLOCK}][32];",
@@ -352,6 +357,7 @@ class KernelRenderer:
             "                    out[(m0 + ii) * N + n] = s;",
             "                }",
             "            }",
+            "#endif",
             "        }",
             "    }",
             "}"]
