@@ -225,7 +225,7 @@ class GraphMaker:
                 idx = [slice(None)] * nd
                 idx[ax] = slice(b, e)
                 return t[tuple(idx)], f"[{ax}:{b}:{e}]", mag
-            how = self.choice(["first", "tail", "upto_dim", "upto_k"])
+            how = self.choice(["first", "tail", "upto_dim", "upto_k", "from_dim"])
             idx = [slice(None)] * nd
             if how == "first":
                 idx[ax] = slice(0, 1)
@@ -233,11 +233,15 @@ class GraphMaker:
                 idx[ax] = slice(1, None)
             elif how == "upto_dim" and self.dims:
                 idx[ax] = slice(None, self.choice(self.dims))
+            elif how == "from_dim" and self.dims:
+                idx[ax] = slice(sym.add(self.choice(self.dims), -1), None)
             else:
                 idx[ax] = slice(None, self.draw(st.integers(1, 4)))
             return t[tuple(idx)], f"[{ax}:{idx[ax]}]", mag
         if kind == "pad":
             before, after = self.draw(st.integers(0, 2)), self.draw(st.integers(0, 2))
+            if self.dims and self.draw(st.integers(0, 3)) == 0:
+                after = self.choice(self.dims)  # a symbolic amount of padding
             pads = [(0, 0)] * nd
             pads[ax] = (before, after)
             value = 0.0
@@ -599,6 +603,23 @@ def _bindings(dims: list[sym.Var], data: st.DataObject) -> list[dict[str, int]]:
     return out
 
 
+def _arena_overlaps(plan) -> list[str]:
+    """Pairs of temporaries that share arena bytes while both are live (must be empty)."""
+    first, last = {}, {}
+    for k, kern in enumerate(plan.kernels):
+        first.setdefault(id(kern.out), k)
+        last[id(kern.out)] = max(last.get(id(kern.out), k), k)
+        for b in kern.reads:
+            last[id(b)] = max(last.get(id(b), k), k)
+    bad = []
+    for i, a in enumerate(plan.temps):
+        for b in plan.temps[i + 1:]:
+            live_together = first[id(a)] <= last[id(b)] and first[id(b)] <= last[id(a)]
+            if live_together and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes:
+                bad.append(f"{a.name}@{a.offset}+{a.nbytes} and {b.name}@{b.offset}+{b.nbytes}")
+    return bad
+
+
 def _compare(got: np.ndarray, want: np.ndarray, v: Val, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
@@ -630,6 +651,7 @@ def test_random_graph_c_matches_reference(data: st.DataObject) -> None:
     for v in built.outputs:
         event(f"output {'exact' if v.exact else 'inexact'} {v.dtype.name}")
     ref_prog = built.graph.compile(outs, backend="reference")
+    assert not _arena_overlaps(c_prog.executor.plan), "live temporaries share arena bytes"
     seed = data.draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     names = {v.name for v in c_prog.program.dims}
