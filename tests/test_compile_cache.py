@@ -76,7 +76,7 @@ def _env(cache: Path, **extra: str) -> dict:
 
 def _run(cache: Path, **extra: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=_env(cache, **extra),
-                          timeout=300)
+                          timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -165,7 +165,7 @@ def test_missing_compiler_in_a_fresh_process_is_a_compiler_error(tmp_path) -> No
             print("CompilerError:", e)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=_env(tmp_path / "cache", CC="/nonexistent"), timeout=120)
+                          env=_env(tmp_path / "cache", CC="/nonexistent"), timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("CompilerError:") and "/nonexistent" in proc.stdout, proc.stdout
 
