@@ -207,6 +207,15 @@ class ShapeTracker:
 
     def index(self, idxs: Sequence[sint]) -> tuple[sint, sint]:
         """(buffer offset, validity) for an index into ``self.shape``."""
+        key = (self, tuple(idxs))
+        got = _INDEX_MEMO.get(key)
+        if got is None:
+            if len(_INDEX_MEMO) > 200_000:
+                _INDEX_MEMO.clear()
+            got = _INDEX_MEMO[key] = self._index(idxs)
+        return got
+
+    def _index(self, idxs: Sequence[sint]) -> tuple[sint, sint]:
         off, valid = self.views[-1].index(idxs)
         for v in reversed(self.views[:-1]):
             sub = unravel(off, v.shape)
@@ -260,8 +269,22 @@ class ShapeTracker:
         return self._replace_last(self.views[-1].flip(axes))
 
 
+_INDEX_MEMO: dict = {}  # (tracker, index) -> (offset, validity): models repeat the same views per layer
+_UNRAVEL_MEMO: dict = {}
+
+
 def unravel(linear: sint, shape: Sequence[sint]) -> list[sint]:
     """Index into ``shape`` (row-major) of a linear offset."""
+    key = (linear, tuple(shape))
+    got = _UNRAVEL_MEMO.get(key)
+    if got is None:
+        if len(_UNRAVEL_MEMO) > 200_000:
+            _UNRAVEL_MEMO.clear()
+        got = _UNRAVEL_MEMO[key] = _unravel(linear, shape)
+    return list(got)
+
+
+def _unravel(linear: sint, shape: Sequence[sint]) -> list[sint]:
     out: list[sint] = []
     acc: sint = 1
     outer = next((k for k, s in enumerate(shape) if not sym.same(s, 1)), len(shape))

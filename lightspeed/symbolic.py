@@ -25,11 +25,13 @@ BIG = 1 << 62
 class Expr:
     """Base class of all integer expressions."""
 
-    __slots__ = ("key", "_hash", "lo", "hi")
+    __slots__ = ("key", "_hash", "lo", "hi", "_sk", "_vars")
 
     def __init__(self, key: tuple, lo: int, hi: int):
-        self.key = key
+        self.key = key  # holds child expressions themselves: their hashes are cached, so this is O(children)
         self._hash = hash(key)
+        self._sk: str | None = None
+        self._vars: frozenset | None = None
         self.lo = lo
         self.hi = hi
 
@@ -46,7 +48,13 @@ class Expr:
         return not self.__eq__(other)
 
     def sort_key(self) -> str:
-        return repr(self.key)
+        """A total order for canonical forms, built once per node from the children's keys."""
+        if self._sk is None:
+            self._sk = self._make_sort_key()
+        return self._sk
+
+    def _make_sort_key(self) -> str:
+        raise NotImplementedError
 
     # arithmetic ------------------------------------------------------------
     def __add__(self, o): return add(self, o)
@@ -82,10 +90,11 @@ class Expr:
         return self.render()
 
     # interface ---------------------------------------------------------------
-    def vars(self) -> set["Var"]:
-        out: set[Var] = set()
-        _collect_vars(self, out)
-        return out
+    def vars(self) -> frozenset["Var"]:
+        """The variables this expression mentions (cached per node)."""
+        if self._vars is None:
+            self._vars = _free_vars_of(self)
+        return self._vars
 
     def eval(self, env: Mapping[str, object]):
         """Evaluate with variable values from ``env`` (ints or numpy integer arrays)."""
@@ -108,6 +117,9 @@ class Const(Expr):
     def __init__(self, value: int):
         self.value = int(value)
         super().__init__(("c", self.value), self.value, self.value)
+
+    def _make_sort_key(self) -> str:
+        return f"c{self.value}"
 
     def eval(self, env):
         return self.value
@@ -133,7 +145,11 @@ class Var(Expr):
             raise ValueError(f"variable {name!r}: lower bound {lo} exceeds upper bound {hi}")
         self.name = name
         self.hi_expr = hi_expr if isinstance(hi_expr, Expr) and not isinstance(hi_expr, Const) else None
-        super().__init__(("v", name, int(lo), int(hi), self.hi_expr.key if self.hi_expr is not None else None), int(lo), int(hi))
+        super().__init__(("v", name, int(lo), int(hi), self.hi_expr), int(lo), int(hi))
+
+    def _make_sort_key(self) -> str:
+        hi = self.hi_expr.sort_key() if self.hi_expr is not None else ""
+        return f"v{self.name}:{self.lo}:{self.hi}:{hi}"
 
     def eval(self, env):
         try:
@@ -161,7 +177,10 @@ class Sum(Expr):
             hi += max(a, b)
         if any(isinstance(t, Prod) for t, _ in terms):
             lo, hi = _multilinear_bounds(terms, const, lo, hi)
-        super().__init__(("+", tuple((t.key, k) for t, k in terms), const), _clip(lo), _clip(hi))
+        super().__init__(("+", terms, const), _clip(lo), _clip(hi))
+
+    def _make_sort_key(self) -> str:
+        return "+(" + ",".join(f"{t.sort_key()}*{k}" for t, k in self.terms) + f",{self.const})"
 
     def eval(self, env):
         out = self.const
@@ -228,7 +247,10 @@ class Prod(Expr):
         for f in factors[1:]:
             cands = [lo * f.lo, lo * f.hi, hi * f.lo, hi * f.hi]
             lo, hi = min(cands), max(cands)
-        super().__init__(("*", tuple(f.key for f in factors)), _clip(lo), _clip(hi))
+        super().__init__(("*", factors), _clip(lo), _clip(hi))
+
+    def _make_sort_key(self) -> str:
+        return "*(" + ",".join(f.sort_key() for f in self.factors) + ")"
 
     def eval(self, env):
         out = 1
@@ -252,10 +274,13 @@ class _Binary(Expr):
 
     def __init__(self, a: Expr, b: Expr, lo: int, hi: int):
         self.a, self.b = a, b
-        super().__init__((self.tag, a.key, b.key), _clip(lo), _clip(hi))
+        super().__init__((self.tag, a, b), _clip(lo), _clip(hi))
 
     def substitute(self, mapping):
         return type(self).build(self.a.substitute(mapping), self.b.substitute(mapping))
+
+    def _make_sort_key(self) -> str:
+        return f"{self.tag}({self.a.sort_key()},{self.b.sort_key()})"
 
 
 class FloorDiv(_Binary):
@@ -484,7 +509,8 @@ def _divide_monomial(term: Expr, coef: int, d: tuple[int, tuple[Expr, ...]]) -> 
 def sym_upper(x: Expr) -> sint:
     """A symbolic inclusive upper bound of x, using loop variables' symbolic bounds."""
     if isinstance(x, Var):
-        return x.hi_expr if x.hi_expr is not None else x.hi
+        # a loop variable is below its symbolic bound; a dimension is its own best bound
+        return x.hi_expr if x.hi_expr is not None else x
     if isinstance(x, Sum):
         out: sint = x.const
         for t, k in x.terms:
@@ -492,6 +518,11 @@ def sym_upper(x: Expr) -> sint:
         return out
     if isinstance(x, Mod) and x.b.lo > 0:  # floor modulo by a positive divisor is below the divisor
         return add(x.b, -1) if not isinstance(x.b, Const) else min(x.hi, x.b.value - 1)
+    if isinstance(x, Prod) and all(f.lo >= 0 for f in x.factors):
+        out = 1
+        for f in x.factors:
+            out = mul(out, sym_upper(f))
+        return out
     return x.hi
 
 
@@ -500,6 +531,13 @@ def sym_lower(x: Expr) -> sint:
         out: sint = x.const
         for t, k in x.terms:
             out = add(out, mul(sym_lower(t) if k > 0 else sym_upper(t), k))
+        return out
+    if isinstance(x, Var) and x.hi_expr is None:
+        return x  # a dimension is its own best bound
+    if isinstance(x, Prod) and all(f.lo >= 0 for f in x.factors):
+        out = 1
+        for f in x.factors:
+            out = mul(out, sym_lower(f))
         return out
     return x.lo
 
@@ -526,6 +564,30 @@ def proven_ge(a: sint, b: sint) -> bool:
     return diff.lo >= 0
 
 
+def sym_is_zero(x: sint) -> bool:
+    return isinstance(x, int) and x == 0 or isinstance(x, Const) and x.value == 0
+
+
+def _poly_divmod(a: Expr, d: "Sum") -> tuple[sint, sint]:
+    """(q, r) with a == q*d + r exactly: multivariate division by the leading term of ``d`` (terms of
+    ``a`` whose monomial is a multiple of it move into the quotient; coefficients must divide)."""
+    lead_t, lead_k = d.terms[0]
+    lead = (lead_k, tuple(_factors(lead_t)))
+    q: sint = 0
+    r: sint = a
+    for _ in range(64):
+        terms, _ = _as_sum(to_expr(r))
+        for t, k in terms.items():
+            qt = _divide_monomial(t, k, lead)
+            if qt is not None:
+                q = add(q, qt)
+                r = add(r, mul(mul(qt, -1), d))
+                break
+        else:
+            break
+    return q, r
+
+
 def floordiv(a: sint, b: sint) -> sint:
     a, b = to_expr(a), to_expr(b)
     if isinstance(b, Const):
@@ -541,6 +603,12 @@ def floordiv(a: sint, b: sint) -> sint:
         return 0
     if a == b:
         return 1
+    if isinstance(b, Sum) and _monomial(b) is None and b.lo > 0:
+        q, r = _poly_divmod(a, b)
+        if proven_ge(r, 0) and proven_lt(r, b):
+            return q
+        if not sym_is_zero(q):
+            return add(q, floordiv(r, b))
     dm = _monomial(b)
     if dm is not None and dm[0] > 0 and b.lo > 0:
         terms, const = _as_sum(a)
@@ -597,6 +665,12 @@ def mod(a: sint, b: sint) -> sint:
             return a.value % b.value
     if a == b:
         return 0
+    if isinstance(b, Sum) and _monomial(b) is None and b.lo > 0:
+        q, r = _poly_divmod(a, b)
+        if proven_ge(r, 0) and proven_lt(r, b):
+            return _simplest(r)
+        if not sym_is_zero(q):
+            return mod(r, b)
     dm = _monomial(b)
     if dm is not None and dm[0] > 0 and b.lo > 0:
         terms, const = _as_sum(a)
@@ -675,20 +749,22 @@ def _bool(x: Expr) -> Expr:
     return to_expr(lt(0, x)) if x.lo >= 0 else And(x, Const(1), 0, 1)
 
 
-def _collect_vars(x: Expr, out: set) -> None:
+def _free_vars_of(x: Expr) -> frozenset:
     if isinstance(x, Var):
-        out.add(x)
-        if x.hi_expr is not None:
-            _collect_vars(x.hi_expr, out)
-    elif isinstance(x, Sum):
-        for t, _ in x.terms:
-            _collect_vars(t, out)
+        return frozenset([x]) | (x.hi_expr.vars() if x.hi_expr is not None else frozenset())
+    if isinstance(x, Sum):
+        children = [t for t, _ in x.terms]
     elif isinstance(x, Prod):
-        for f in x.factors:
-            _collect_vars(f, out)
+        children = list(x.factors)
     elif isinstance(x, _Binary):
-        _collect_vars(x.a, out)
-        _collect_vars(x.b, out)
+        children = [x.a, x.b]
+    else:
+        return frozenset()
+    return frozenset().union(*(c.vars() for c in children))
+
+
+def _collect_vars(x: Expr, out: set) -> None:
+    out |= x.vars()
 
 
 # --------------------------------------------------------------------------

@@ -289,6 +289,7 @@ class Former:
 
     def _kernels_for(self, n: Node, buf: ir.Buffer) -> list[ir.Kernel]:
         name = f"k{n.id}"
+        self.counter = 0  # loop variables are numbered per kernel: identical layers give identical IR
         vars_ = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape))
         if n.op is Op.SCATTER:
             (dest, dst), (ind, ist), (src, sst) = n.srcs

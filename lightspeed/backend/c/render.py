@@ -442,34 +442,49 @@ class KernelRenderer:
         return out
 
 
-def _pointer(b: ir.Buffer) -> str:
-    return f"bufs[{b.slot}]" if b.kind != "temp" else f"(void *)(arena + {b.offset})"
-
-
 def render_plan(plan: KernelPlan, profile: bool = False) -> str:
-    """The complete C source of a plan. Kernels that render to the same text (the same computation on
-    different buffers, e.g. every layer of a model) share one function. With ``profile``, ``ls_graph``
-    also accumulates the nanoseconds each kernel takes into ``ls_profile_ns[k]``."""
+    """The complete C source of a plan.
+
+    Kernels that render to the same text (the same computation on different buffers, e.g. every
+    layer of a model) share one function and one launcher; ``ls_graph`` walks a static table of
+    steps (launcher + buffer pointers), which keeps the source, and the compile, small. With
+    ``profile``, ``ls_graph`` also accumulates the nanoseconds of step ``k`` in ``ls_profile_ns[k]``."""
     r = KernelRenderer(plan)
-    functions: dict[str, str] = {}  # text -> function name
-    calls = []
-    for i, k in enumerate(plan.kernels):
+    dims = "".join(f"const int64_t D_{v.name} = a->dims[{i}]; (void)D_{v.name}; " for i, v in enumerate(plan.dims))
+    functions: dict[tuple[str, str], str] = {}  # (body, launch) -> name
+    steps = []
+    for k in plan.kernels:
         f, c = r.kernel(k)
-        name = functions.setdefault(f, f"kfn{len(functions)}")
-        ptrs = ", ".join(_pointer(b) for b in r.kernel_buffers(k))
-        c = c.replace("KFN", name).replace("    {", f"    {{ ls_launch l = {{&a, {{{ptrs}}}}}; /* {k.name} */", 1)
-        if profile:
-            c = f"    {{ const int64_t t0 = ls_now_ns();\n{c}\n      ls_profile_ns[{i}] += ls_now_ns() - t0; }}"
-        calls.append(c)
-    max_ptrs = max([len(r.kernel_buffers(k)) for k in plan.kernels] + [1])
-    header = ("typedef struct { const ls_args *a; void *p[" + str(max_ptrs) + "]; } ls_launch;\n")
+        name = functions.setdefault((f, c), f"kfn{len(functions)}")
+        ptrs = [b.slot if b.kind != "temp" else -1 - b.offset for b in r.kernel_buffers(k)]
+        steps.append((name, ptrs, k.name))
+    max_ptrs = max([len(p) for _, p, _ in steps] + [1])
+    header = ("typedef struct { const ls_args *a; void *p[" + str(max_ptrs) + "]; } ls_launch;\n"
+              "typedef struct { void (*run)(const ls_launch *); int n; int64_t ptr[" + str(max_ptrs) + "]; } ls_step;\n")
+    funcs = []
+    for (body, launch), name in functions.items():
+        funcs.append(body.replace("KFN", name))
+        funcs.append(f"static void {name}_run(const ls_launch *lp) {{\n    const ls_args *a = lp->a; {dims}\n"
+                     + launch.replace("&l", "(void *)lp").replace("KFN", name) + "\n}")
+    table = ",\n".join(f"    {{{name}_run, {len(p)}, {{{', '.join(f'{v}LL' for v in p)}}}}} /* {kname} */"
+                        for name, p, kname in steps)
+    main = [f"static const ls_step LS_STEPS[{max(len(steps), 1)}] = {{\n{table}\n}};",
+            "/* buffer pointers: a slot of bufs when >= 0, else arena offset -1-v */",
+            "void ls_graph(void **bufs, const int64_t *dims, char *arena) {",
+            "    ls_args a = {bufs, dims, arena};",
+            f"    for (int s = 0; s < {len(steps)}; s++) {{",
+            "        const ls_step *st = &LS_STEPS[s];",
+            "        ls_launch l;",
+            "        l.a = &a;",
+            "        for (int i = 0; i < st->n; i++)",
+            "            l.p[i] = st->ptr[i] >= 0 ? bufs[st->ptr[i]] : (void *)(arena + (-1 - st->ptr[i]));",
+            "        " + ("{ const int64_t t0 = ls_now_ns(); st->run(&l); ls_profile_ns[s] += ls_now_ns() - t0; }"
+                         if profile else "st->run(&l);"),
+            "    }",
+            "}"]
     if profile:
         header += ("#include <time.h>\n"
                    f"int64_t ls_profile_ns[{max(len(plan.kernels), 1)}];\n"
                    "static inline int64_t ls_now_ns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); "
                    "return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec; }\n")
-    funcs = [text.replace("KFN", name) for text, name in functions.items()]
-    dims = [f"    const int64_t D_{v.name} = dims[{i}]; (void)D_{v.name};" for i, v in enumerate(plan.dims)]
-    main = ["void ls_graph(void **bufs, const int64_t *dims, char *arena) {",
-            "    ls_args a = {bufs, dims, arena};", "    (void)a;"] + dims + calls + ["}"]
     return PRELUDE + header + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"
