@@ -584,3 +584,35 @@ def test_one_and_two_threads_give_identical_results() -> None:
         np.testing.assert_allclose(results[2][1], want.sum(0), rtol=1e-4, atol=1e-3)
     finally:
         cb.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_parallel_kernels_match_the_reference(threads: int) -> None:
+    """Work large enough for the thread pool: few long rows (the last axis is split into chunks),
+    many short rows, a tiled reduction and a scatter, at two sizes of a symbolic dim."""
+    from lightspeed.backend import c as cb
+    n = ls.dim("n", 1, 3000)
+    g = ls.Graph()
+    long_rows = g.input("long_rows", (3, 40000), ls.float32)
+    tall = g.input("tall", (n, 96), ls.float32)
+    w = g.input("w", (96, 80), ls.float32)
+    idx = g.input("idx", (n,), ls.int32)
+    outs = [long_rows.softmax(-1), (long_rows * 2.0 + 1.0).sin(), long_rows.max(-1), tall.T @ tall,
+            (tall @ w).relu(), tall.sum(-1), g.constant(np.zeros((3000, 96), np.float32)).scatter(idx, tall),
+            tall.gather(idx.flip(0))]
+    prog_c = g.compile(outs, backend="c")
+    prog_r = g.compile(outs, backend="reference")
+    rng = np.random.default_rng(7)
+    before = cb.get_num_threads()
+    try:
+        cb.set_num_threads(threads)
+        for size in (2999, 37):
+            inputs = dict(long_rows=rng.standard_normal((3, 40000)).astype(F32),
+                          tall=rng.standard_normal((size, 96)).astype(F32),
+                          w=rng.standard_normal((96, 80)).astype(F32),
+                          idx=rng.permutation(3000)[:size].astype(np.int32))
+            for k, (got, want) in enumerate(zip(prog_c(**inputs), prog_r(**inputs))):
+                scale = max(1.0, float(np.abs(want).max()))
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"output {k} n={size}")
+    finally:
+        cb.set_num_threads(before)
