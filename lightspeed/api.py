@@ -62,9 +62,10 @@ def _stages(names: Sequence[str], enabled: bool) -> Iterator:
             bar = None
 
     def advance(name: str) -> None:
+        """The previous stage is done; ``name`` starts."""
         if bar is not None:
             bar.set_description_str(name)
-            bar.update(0 if bar.n == 0 and name == names[0] else 1)
+            bar.update(1)
 
     try:
         if bar is not None:
@@ -106,7 +107,9 @@ class Model:
         if lm.tokenizer is None:
             raise ValueError(f"{path}: the model has no tokenizer (tokenizer.json or GGUF vocabulary)")
         self.tokenizer = lm.tokenizer
-        self.cache = KVCache(step)  # shared by generate(): a prompt that extends the last one reuses it
+        # shared by generate() and chat(): a prompt that extends the previous one reuses its keys and
+        # values. One generation at a time: for independent streams pass cache=KVCache(model.step)
+        self.cache = KVCache(step)
 
     @property
     def config(self):
@@ -168,7 +171,7 @@ def load(path: "str | os.PathLike[str] | None" = None, *, ctx: int | None = None
     SmolLM2. ``ctx`` bounds the context (default: the model's, at most 2048); ``max_chunk`` is the
     most prompt tokens one call runs. Progress bars go to stderr when it is a terminal."""
     path = default_model_path() if path is None else os.fspath(path)
-    with _stages(["loading weights", "compiling", "ready"], progress) as advance:
+    with _stages(["loading weights", "compiling"], progress) as advance:
         t0 = time.perf_counter()
         lm = load_model(path)
         load_seconds = time.perf_counter() - t0
