@@ -13,10 +13,12 @@ import os
 
 from ..io import ModelFormatError, Tokenizer, load_gguf, load_model_folder
 from .base import CacheSpec, CausalLM, CompiledLM, KVAppend, ModelConfig
+from .gemma import Gemma, GemmaConfig
 from .llama import Llama, LlamaConfig
 from .weights import GGUFWeights, SafetensorsWeights, WeightStore
 
-ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "mistral": Llama, "qwen2": Llama}
+ARCHITECTURES: dict[str, type[CausalLM]] = {"llama": Llama, "mistral": Llama, "qwen2": Llama,
+                                             "gemma3": Gemma, "gemma3_text": Gemma}
 
 
 def _lookup(arch: str | None, path: str, what: str) -> type[CausalLM]:
@@ -43,4 +45,4 @@ def load_model(path: "str | os.PathLike[str]", tokenizer: bool = True) -> Causal
 
 
 __all__ = ["load_model", "ARCHITECTURES", "CausalLM", "CompiledLM", "ModelConfig", "CacheSpec", "Llama",
-           "LlamaConfig", "KVAppend", "WeightStore", "GGUFWeights", "SafetensorsWeights"]
+           "LlamaConfig", "Gemma", "GemmaConfig", "KVAppend", "WeightStore", "GGUFWeights", "SafetensorsWeights"]
