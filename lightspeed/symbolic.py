@@ -144,7 +144,8 @@ class Var(Expr):
         if lo > hi:
             raise ValueError(f"variable {name!r}: lower bound {lo} exceeds upper bound {hi}")
         self.name = name
-        self.hi_expr = hi_expr if isinstance(hi_expr, Expr) and not isinstance(hi_expr, Const) else None
+        # a loop variable always has hi_expr (a Const for a fixed range); a dimension has none
+        self.hi_expr = hi_expr if isinstance(hi_expr, Expr) else None
         super().__init__(("v", name, int(lo), int(hi), self.hi_expr), int(lo), int(hi))
 
     def _make_sort_key(self) -> str:

@@ -63,7 +63,7 @@ def _dense_offset(idx, shape) -> sint:
 
 def _loop_var(name: str, size: sint) -> sym.Var:
     hi = max(sym.upper_bound(size) - 1, 0)
-    return sym.Var(name, 0, hi, sym.to_expr(sym.add(size, -1)) if not sym.is_const(size) else None)
+    return sym.Var(name, 0, hi, sym.to_expr(sym.add(size, -1)) if not sym.is_const(size) else sym.Const(hi))
 
 
 class Former:
