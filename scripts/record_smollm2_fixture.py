@@ -5,10 +5,10 @@
 
 transformers reads the same GGUF file (``from_pretrained(folder, gguf_file=...)``, which
 dequantizes every tensor to float32) and runs in float32 on the CPU. For each prompt the
-fixture stores the prompt's token ids, the first N greedy tokens (fewer when the model ends its turn: the
-last id is then the end-of-sequence token), and logits of the last
-prompt position and of the final position (prompt + all generated tokens, teacher-forced):
-the 64 largest values with their ids, and every 499th vocabulary entry.
+fixture stores the prompt's token ids, the first N greedy tokens (fewer when the model ends
+its turn: the last id is then the end-of-sequence token), and logits of the last prompt
+position and of the final position (prompt + all generated tokens, teacher-forced): the 64
+largest values with their ids, and every 499th vocabulary entry.
 
 Needs torch and transformers (with accelerate and gguf); tests/test_llama_smollm2.py
 compares Lightspeed against the file this writes, so CI never runs transformers on it.
@@ -61,7 +61,7 @@ def main() -> None:
     folder, name = os.path.dirname(path), os.path.basename(path)
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     model.eval()
     cases = []
     with torch.no_grad():

@@ -143,22 +143,22 @@ def interleave_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, d // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
-def write_gguf_from(model, path, qtypes: dict[str, str]) -> None:
-    """Write ``model`` (a torch Llama) as a GGUF 'llama' file; ``qtypes`` maps GGUF tensor-name
-    suffixes to a quantization (F32 otherwise). The torch model's matrices are replaced by their
+def write_gguf_from(model, path, qtypes: dict[str, str], arch: str = "llama") -> None:
+    """Write ``model`` (a torch Llama or Qwen2) as a GGUF file of ``arch``; ``qtypes`` maps GGUF
+    tensor-name suffixes to a quantization (F32 otherwise). As llama.cpp does, q/k rows are
+    interleaved for 'llama' only. The torch model's matrices are replaced by their
     quantize/dequantize round trip so that both sides hold the same values."""
     gguf = pytest.importorskip("gguf")
     cfg = model.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_uint32("llama.block_count", cfg.num_hidden_layers)
-    w.add_uint32("llama.context_length", cfg.max_position_embeddings)
-    w.add_uint32("llama.embedding_length", cfg.hidden_size)
-    w.add_uint32("llama.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32("llama.attention.head_count", cfg.num_attention_heads)
-    w.add_uint32("llama.attention.head_count_kv", cfg.num_key_value_heads)
-    w.add_float32("llama.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    w.add_uint32("llama.vocab_size", cfg.vocab_size)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
+    w.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
+    w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
+    w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
+    w.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
+    w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
+    w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     parts = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
@@ -166,15 +166,17 @@ def write_gguf_from(model, path, qtypes: dict[str, str]) -> None:
              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for i in range(cfg.num_hidden_layers):
         for hf, gg in parts.items():
-            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+            for kind in ("weight", "bias"):
+                names[f"model.layers.{i}.{hf}.{kind}"] = f"blk.{i}.{gg}.{kind}"
+    heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
     with torch.no_grad():
         for hf_name, p in model.named_parameters():
             name = names[hf_name]
             x = p.numpy().astype(np.float32)
-            if name.endswith("attn_q.weight"):
-                x = interleave_rows(x, cfg.num_attention_heads)
-            elif name.endswith("attn_k.weight"):
-                x = interleave_rows(x, cfg.num_key_value_heads)
+            layer_part = name.split(".")[-2]
+            permute = arch == "llama" and layer_part in heads
+            if permute:
+                x = interleave_rows(x.reshape(x.shape[0], -1), heads[layer_part]).reshape(x.shape)
             q = next((q for suffix, q in qtypes.items() if name.endswith(suffix)), "F32")
             if q == "F32" or x.ndim == 1:
                 w.add_tensor(name, x)
@@ -182,10 +184,7 @@ def write_gguf_from(model, path, qtypes: dict[str, str]) -> None:
             raw = quant.quantize(x, q)
             w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[q])
             back = quant.dequantize(raw, q).reshape(x.shape)
-            if name.endswith(("attn_q.weight", "attn_k.weight")):
-                back = pair_rows_to_halves(back, cfg.num_attention_heads if "attn_q" in name
-                                           else cfg.num_key_value_heads)
-            p.copy_(torch.from_numpy(back))
+            p.copy_(torch.from_numpy(pair_rows_to_halves(back, heads[layer_part]) if permute else back))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -226,3 +225,13 @@ def test_llama3_inv_freq_against_transformers():
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
     got = llama3_inv_freq(128, 500000.0, 8.0, 1.0, 4.0, 64)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6)
+
+
+def test_gguf_qwen2_with_biases_matches_transformers(tmp_path):
+    """GGUF qwen2 keeps Hugging Face's q/k row order (rotate-half RoPE) and has q/k/v biases."""
+    ref = make_hf_model(tmp_path / "hf", "qwen2", seed=6)
+    path = tmp_path / "tiny_qwen2.gguf"
+    write_gguf_from(ref, path, {"attn_q.weight": "Q8_0", "ffn_up.weight": "Q4_0"}, arch="qwen2")
+    lm = load_model(path, tokenizer=False)
+    assert not lm.config.rope_interleaved and lm.qkv_bias
+    check_against(lm, ref)
