@@ -19,18 +19,26 @@ from .symbolic import sint
 
 
 class ArrayConst:
-    """A numpy array embedded in a graph (hashed by identity, not content)."""
+    """A numpy array embedded in a graph. Small arrays are identified by content (so equal tables built
+    twice, e.g. rotary frequencies in every layer, become one node); large ones by identity."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "_key")
+    SMALL_BYTES = 4096
 
     def __init__(self, array: np.ndarray):
         self.array = array
+        if array.nbytes <= self.SMALL_BYTES:
+            self._key = (array.dtype.str, array.shape, np.ascontiguousarray(array).tobytes())
+        else:
+            self._key = id(array)
 
     def __hash__(self) -> int:
-        return id(self.array)
+        return hash(self._key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ArrayConst) and other.array is self.array
+        if not isinstance(other, ArrayConst):
+            return False
+        return self.array is other.array or (type(self._key) is tuple and self._key == other._key)
 
     def __repr__(self) -> str:
         return f"array{self.array.shape}"

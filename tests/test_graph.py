@@ -198,16 +198,20 @@ def test_scalar_operand_dtype_promotion():
     np.testing.assert_array_equal(out, np.array([2.5, 3.5, 4.5], np.float32))
 
 
-def test_array_constants_are_keyed_by_identity_and_keep_their_values():
+def test_array_constants_small_by_content_large_by_identity_and_keep_their_values():
     g = ls.Graph()
     arr = np.arange(6, dtype=np.float32).reshape(2, 3)
     a1, a2 = g.constant(arr), g.constant(arr)
     assert a1.node is a2.node
     copy = g.constant(arr.copy())
-    assert copy.node is not a1.node                             # equal content, different array: not merged
+    assert copy.node is a1.node                                 # a small table: equal content is one node
+    assert g.constant(arr + 1).node is not a1.node
+    assert g.constant(arr.astype(np.int32)).node is not a1.node  # same values, other dtype
+    big = np.zeros(4096, np.float32)
+    assert g.constant(big.copy()).node is not g.constant(big).node  # large: identity, no hashing of weights
     assert isinstance(a1.node.arg, ArrayConst) and a1.shape == (2, 3) and a1.dtype is ls.float32
-    (out,) = g.compile([a1 + copy], backend="reference")()
-    np.testing.assert_array_equal(out, arr * 2)
+    (out,) = g.compile([a1 + g.constant(arr + 1)], backend="reference")()
+    np.testing.assert_array_equal(out, arr * 2 + 1)
 
 
 def test_array_constant_dtype_conversion_and_bfloat16_bits():
