@@ -1,0 +1,10 @@
+"""Search-based optimisation: graph-level (rewrites, e-graph, extraction by cost) and kernel-level
+(schedules compiled, checked and timed, with an on-disk tuning cache)."""
+from __future__ import annotations
+
+from .check import outputs_agree, random_inputs, sample_dims, validate_program
+from .cost import CostModel, calibrate, program_cost
+from .graph_search import GraphSearchResult, search_graph
+
+__all__ = ["search_graph", "GraphSearchResult", "CostModel", "calibrate", "program_cost", "validate_program",
+           "outputs_agree", "random_inputs", "sample_dims"]

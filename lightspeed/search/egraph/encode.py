@@ -1,0 +1,112 @@
+"""Encode a program's float32 arithmetic as egglog terms (one ``let`` per node).
+
+Float32 elementwise ops and reductions become constructors of the sort ``F`` (see rules/schema.egg).
+Everything else — inputs, array constants, integer and bool ops, casts, gathers, scatters — is an
+opaque ``(Leaf id)``: the e-graph does not look inside it, but its float32 sources are encoded too, so
+extraction can improve them. Views on edges are opaque numbers: ``(View t v)`` for a mask-free view,
+``(MView t v)`` for one with padding, and no wrapper at all for an identity view. Each encoded node's
+e-class is marked by ``(Root id)`` so extraction can find it again after saturation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ... import dtypes as dt
+from ...graph import ArrayConst, Node, Program
+from ...ops import Op
+from ...shape import ShapeTracker
+from ...rewrite.views import is_identity, is_total
+
+OP_NAMES = {Op.ADD: "Add", Op.MUL: "Mul", Op.MOD: "Mod", Op.RECIP: "Recip", Op.EXP2: "Exp2", Op.LOG2: "Log2",
+            Op.SQRT: "Sqrt", Op.SIN: "Sin", Op.SUM_REDUCE: "Sum", Op.MAX_REDUCE: "Max"}
+NAME_OPS = {v: k for k, v in OP_NAMES.items()}
+
+
+@dataclass
+class Encoding:
+    """The egglog text of a program and the tables its numbers refer to."""
+
+    text: str
+    nodes: dict[int, Node]  # every node of the program, by id
+    views: list[ShapeTracker] = field(default_factory=list)  # View/MView numbers
+    bool_edges: list[tuple[Node, ShapeTracker]] = field(default_factory=list)  # Sel numbers
+    encoded: set[int] = field(default_factory=set)  # nodes with a (Root id)
+
+
+def float32_bits(v: float) -> int:
+    return int(np.array(v, dtype=np.float32).view(np.uint32))
+
+
+def bits_float32(bits: int) -> float:
+    return float(np.array(bits, dtype=np.uint32).view(np.float32))
+
+
+def _is_scalar_f32_const(n: Node) -> bool:
+    return n.op is Op.CONST and not isinstance(n.arg, ArrayConst) and n.dtype is dt.float32 and not n.shape
+
+
+def _encodable(n: Node) -> bool:
+    if n.dtype is not dt.float32 or n.op not in OP_NAMES:
+        return False
+    kinds = [s.dtype for s, _ in n.srcs]
+    if n.op is Op.MUL and kinds.count(dt.bool_) == 1 and dt.float32 in kinds:
+        return True  # a select
+    return all(k is dt.float32 for k in kinds)
+
+
+class _Encoder:
+    def __init__(self, program: Program):
+        self.program = program
+        self.enc = Encoding("", {n.id: n for n in program.nodes})
+        self.view_ids: dict[ShapeTracker, int] = {}
+        self.lines: list[str] = []
+
+    def view(self, st: ShapeTracker) -> int:
+        v = self.view_ids.get(st)
+        if v is None:
+            v = self.view_ids[st] = len(self.enc.views)
+            self.enc.views.append(st)
+        return v
+
+    def ref(self, n: Node) -> str:
+        if n.id in self.enc.encoded or _is_scalar_f32_const(n):
+            return f"$n{n.id}"
+        return f"(Leaf {n.id})"
+
+    def edge(self, s: Node, st: ShapeTracker) -> str:
+        base = self.ref(s)
+        if is_identity(st, s.shape):
+            return base
+        return f"({'View' if is_total(st) else 'MView'} {base} {self.view(st)})"
+
+    def node(self, n: Node) -> None:
+        if _is_scalar_f32_const(n):
+            self.lines.append(f"(let $n{n.id} (Num {float32_bits(n.arg)}))")
+            return
+        if not _encodable(n):
+            return
+        name = OP_NAMES[n.op]
+        if n.op is Op.MUL and any(s.dtype is dt.bool_ for s, _ in n.srcs):
+            (b, bst), = [(s, st) for s, st in n.srcs if s.dtype is dt.bool_]
+            (f, fst), = [(s, st) for s, st in n.srcs if s.dtype is not dt.bool_]
+            self.enc.bool_edges.append((b, bst))
+            term = f"(Sel {len(self.enc.bool_edges) - 1} {self.edge(f, fst)})"
+        elif n.op in (Op.SUM_REDUCE, Op.MAX_REDUCE):
+            (s, st), = n.srcs
+            term = f"({name} {self.edge(s, st)} {n.arg})"
+        else:
+            term = f"({name} {' '.join(self.edge(s, st) for s, st in n.srcs)})"
+        self.enc.encoded.add(n.id)
+        self.lines.append(f"(let $n{n.id} {term})")
+        self.lines.append(f"(union (Root {n.id}) $n{n.id})")
+
+
+def encode(program: Program) -> Encoding:
+    """The egglog encoding of ``program`` (see the module docstring)."""
+    e = _Encoder(program)
+    for n in program.nodes:
+        e.node(n)
+    e.enc.text = "\n".join(e.lines) + "\n"
+    return e.enc

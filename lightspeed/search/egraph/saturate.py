@@ -1,0 +1,93 @@
+"""Run rule sets over an encoded program with egglog, within iteration, size and time limits."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RULES_DIR = Path(__file__).with_name("rules")
+RULESETS = ("exact", "rounding")  # files rules/<name>.egg, each declaring ``:ruleset <name>``
+RULES_PER_SET = 10  # about how many rules a set holds (sizes the per-rule match limit)
+
+
+class EgglogMissing(ImportError):
+    """The ``egglog`` package is not installed (``pip install egglog``)."""
+
+
+def _bindings():
+    try:
+        from egglog import bindings
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise EgglogMissing("graph-level search needs the egglog package: pip install egglog") from e
+    return bindings
+
+
+def rules_text(rulesets: tuple[str, ...]) -> str:
+    """The schema and the rule files of ``rulesets``."""
+    unknown = [r for r in rulesets if r not in RULESETS]
+    if unknown:
+        raise ValueError(f"unknown e-graph rule sets {unknown}; known: {list(RULESETS)}")
+    parts = [(RULES_DIR / "schema.egg").read_text()]
+    parts += [(RULES_DIR / f"{r}.egg").read_text() for r in rulesets]
+    return "\n".join(parts)
+
+
+@dataclass
+class Saturation:
+    """What a run did: iterations, whether it saturated, e-nodes at the end, why it stopped."""
+
+    iterations: int
+    saturated: bool
+    enodes: int
+    seconds: float
+    stopped_by: str  # saturated | iterations | enodes | time
+
+
+def _size(eg, bindings) -> int:
+    out = eg.run_program(*eg.parse_program("(print-size)"))
+    total = 0
+    for o in out:
+        for _, count in getattr(o, "sizes", []) or []:
+            total += count
+    return total
+
+
+def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: int = 8,
+             max_enodes: int = 20_000, time_limit_s: float = 2.0, extra_rules: str = ""):
+    """(the egglog EGraph, Saturation) after running ``rulesets`` over the terms in ``text``.
+
+    ``extra_rules`` is more egglog rule text (in the ``exact`` or ``rounding`` rule sets). Rule sets run
+    one iteration at a time; the loop stops when nothing changes, or at the first limit reached (an
+    iteration that starts is finished, so limits are checked between iterations)."""
+    b = _bindings()
+    eg = b.EGraph()
+    t0 = time.perf_counter()
+    eg.run_program(*eg.parse_program(rules_text(rulesets) + "\n" + extra_rules + "\n" + text))
+    if not rulesets:
+        return eg, Saturation(0, True, _size(eg, b), time.perf_counter() - t0, "saturated")
+    stopped, iterations, enodes = "iterations", 0, _size(eg, b)
+    for iterations in range(1, max_iterations + 1):
+        # a back-off scheduler caps each rule's matches per iteration, so one iteration cannot grow the
+        # e-graph far past the size limit (associativity alone grows it exponentially)
+        limit = max(50, (max_enodes - enodes) // (4 * RULES_PER_SET * len(rulesets)))
+        runs = " ".join(f"(run-with bo {r})" for r in rulesets)
+        step = eg.parse_program(f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) (seq {runs}))")
+        out = eg.run_program(*step)
+        updated = any(getattr(o, "report", None) is not None and o.report.updated for o in out)
+        enodes = _size(eg, b)
+        if not updated:
+            stopped = "saturated"
+            break
+        if enodes >= max_enodes:
+            stopped = "enodes"
+            break
+        if time.perf_counter() - t0 >= time_limit_s:
+            stopped = "time"
+            break
+    return eg, Saturation(iterations, stopped == "saturated", enodes, time.perf_counter() - t0, stopped)
+
+
+def serialized(eg) -> dict:
+    """The e-graph as a dict: ``nodes`` (id -> op, children, eclass) and ``class_data``."""
+    return json.loads(eg.serialize([]).to_json())
