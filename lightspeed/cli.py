@@ -36,9 +36,10 @@ def add_version(sub) -> None:
     p.set_defaults(handler=_version)
 
 
+from .cli_embed import add_embed  # noqa: E402
 from .cli_generate import add_chat, add_generate  # noqa: E402
 
-COMMANDS: list[Callable] = [add_demo, add_version, add_generate, add_chat]
+COMMANDS: list[Callable] = [add_demo, add_version, add_generate, add_chat, add_embed]
 
 
 def build_parser() -> argparse.ArgumentParser:
