@@ -101,10 +101,10 @@ def test_tied_embeddings_and_bf16_weights(tmp_path):
     check_against(lm, ref)
 
 
-def test_llama3_rope_scaling_and_attention_bias(tmp_path):
+def test_llama3_rope_scaling_attention_and_mlp_biases(tmp_path):
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8, "rope_theta": 500.0}
-    ref = make_hf_model(tmp_path, "llama", seed=2, rope_parameters=scaling, attention_bias=True,
+    ref = make_hf_model(tmp_path, "llama", seed=2, rope_parameters=scaling, attention_bias=True, mlp_bias=True,
                         dtype=torch.float16)
     lm = load_model(tmp_path)
     assert lm.config.rope_inv_freq is not None and lm.o_bias

@@ -45,6 +45,9 @@ HF_NAMES = [
     ("blk.{i}.ffn_gate.weight", "model.layers.{i}.mlp.gate_proj.weight"),
     ("blk.{i}.ffn_up.weight", "model.layers.{i}.mlp.up_proj.weight"),
     ("blk.{i}.ffn_down.weight", "model.layers.{i}.mlp.down_proj.weight"),
+    ("blk.{i}.ffn_gate.bias", "model.layers.{i}.mlp.gate_proj.bias"),
+    ("blk.{i}.ffn_up.bias", "model.layers.{i}.mlp.up_proj.bias"),
+    ("blk.{i}.ffn_down.bias", "model.layers.{i}.mlp.down_proj.bias"),
 ]
 
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -197,8 +200,11 @@ class Llama(CausalLM):
     def _w(self, g: Graph, name: str) -> Tensor:
         return self.weights.tensor(g, name)
 
-    def _bias(self, g: Graph, name: str, present: bool) -> Tensor | None:
-        return self.weights.tensor(g, name) if present and name in self.weights else None
+    def _linear(self, g: Graph, x: Tensor, name: str) -> Tensor:
+        """``x @ W.T (+ b)`` for weight ``<name>.weight`` and its bias when the file has one."""
+        bias = f"{name}.bias"
+        return linear(x, self.weights.tensor(g, f"{name}.weight"),
+                      self.weights.tensor(g, bias) if bias in self.weights else None)
 
     def _rope(self, x: Tensor, pos: sint) -> Tensor:
         c = self.config
@@ -209,9 +215,9 @@ class Llama(CausalLM):
         c = self.config
         seq = h.shape[0]
         p = f"blk.{i}."
-        q = linear(h, self._w(g, p + "attn_q.weight"), self._bias(g, p + "attn_q.bias", self.qkv_bias))
-        k = linear(h, self._w(g, p + "attn_k.weight"), self._bias(g, p + "attn_k.bias", self.qkv_bias))
-        v = linear(h, self._w(g, p + "attn_v.weight"), self._bias(g, p + "attn_v.bias", self.qkv_bias))
+        q = self._linear(g, h, p + "attn_q")
+        k = self._linear(g, h, p + "attn_k")
+        v = self._linear(g, h, p + "attn_v")
         q = self._rope(q.reshape((seq, c.n_heads, c.head_dim)), kv.pos)
         k = self._rope(k.reshape((seq, c.n_kv_heads, c.head_dim)), kv.pos)
         keys = kv.append(f"k{i}", k).permute(1, 0, 2)                           # [kv_heads, total, head_dim]
@@ -221,13 +227,12 @@ class Llama(CausalLM):
         # dense rows, so the output projection reads them like any activation (and a quantized
         # matmul kernel can take it)
         out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim)).contiguous()
-        return linear(out, self._w(g, p + "attn_output.weight"), self._bias(g, p + "attn_output.bias", self.o_bias))
+        return self._linear(g, out, p + "attn_output")
 
     def mlp(self, g: Graph, h: Tensor, i: int) -> Tensor:
         p = f"blk.{i}."
-        gate = silu(linear(h, self._w(g, p + "ffn_gate.weight")))
-        up = linear(h, self._w(g, p + "ffn_up.weight"))
-        return linear(gate * up, self._w(g, p + "ffn_down.weight"))
+        gate = silu(self._linear(g, h, p + "ffn_gate"))
+        return self._linear(g, gate * self._linear(g, h, p + "ffn_up"), p + "ffn_down")
 
     def forward(self, g: Graph, tokens: Tensor, kv: KVAppend) -> Tensor:
         c = self.config
@@ -239,4 +244,4 @@ class Llama(CausalLM):
         return rms_norm(x, self._w(g, "output_norm.weight"), c.rms_norm_eps)
 
     def lm_head(self, g: Graph, hidden: Tensor) -> Tensor:
-        return linear(hidden, self._w(g, "token_embd.weight" if self.tied else "output.weight"))
+        return self._linear(g, hidden, "token_embd" if self.tied else "output")
