@@ -166,14 +166,19 @@ class Model:
 
 
 def load(path: "str | os.PathLike[str] | None" = None, *, ctx: int | None = None, max_chunk: int = DEFAULT_MAX_CHUNK,
-         backend: str = "c", progress: bool = True, **compile_options: Any) -> Model:
+         backend: str = "c", progress: bool = True, quant: str | None = None, **compile_options: Any) -> Model:
     """Load and compile a model: a ``.gguf`` file, a Hugging Face folder, or (``None``) the default
     SmolLM2. ``ctx`` bounds the context (default: the model's, at most 2048); ``max_chunk`` is the
-    most prompt tokens one call runs. Progress bars go to stderr when it is a terminal."""
+    most prompt tokens one call runs. ``quant`` ("q8_0", "q4_0", "q4_1", "f16", "bf16", "f32")
+    requantizes a GGUF model's matrices in memory first (see ``lightspeed.requant``). Progress
+    bars go to stderr when it is a terminal."""
     path = default_model_path() if path is None else os.fspath(path)
     with _stages(["loading weights", "compiling"], progress) as advance:
         t0 = time.perf_counter()
         lm = load_model(path)
+        if quant:  # lightspeed.requant (bench/quantize engineer): weights re-encoded before compiling
+            from .requant import requantize_model
+            requantize_model(lm, quant)
         load_seconds = time.perf_counter() - t0
         advance("compiling")
         step = lm.compile(ctx, max_chunk=max_chunk, backend=backend, **compile_options)

