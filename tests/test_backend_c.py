@@ -460,9 +460,6 @@ def test_float_to_int64_saturates_at_both_ends() -> None:
     np.testing.assert_array_equal(r[0], want)
 
 
-@pytest.mark.xfail(strict=True, reason="C keeps float precision in inlined 16-bit values: a bf16/f16 node "
-                                       "consumed inside another kernel is never rounded to 16 bits, while the "
-                                       "reference rounds every 16-bit node")
 @pytest.mark.parametrize("d", [ls.bfloat16, ls.float16], ids=["bfloat16", "float16"])
 def test_inlined_16bit_values_are_rounded_to_16_bits(d) -> None:
     g = ls.Graph()
@@ -476,8 +473,6 @@ def test_inlined_16bit_values_are_rounded_to_16_bits(d) -> None:
     np.testing.assert_array_equal(c[1], r[1])
 
 
-@pytest.mark.xfail(strict=True, reason="integer Mod of INT_MIN by -1 traps (SIGFPE kills the process): the C "
-                                       "code computes a % b with b = -1; the reference gives 0")
 @pytest.mark.parametrize("d", [ls.int32, ls.int64], ids=["int32", "int64"])
 def test_int_min_mod_minus_one_does_not_trap(d) -> None:
     script = textwrap.dedent(f"""
@@ -496,8 +491,6 @@ def test_int_min_mod_minus_one_does_not_trap(d) -> None:
     assert proc.stdout.strip() == "[0, 0, -1, 0]"
 
 
-@pytest.mark.xfail(strict=True, reason="kernel/quantized.py match_quantized_matmul builds Var('qr', 0, k - 1) "
-                                       "for k = 0 and raises ValueError while compiling")
 def test_matmul_with_empty_inner_axis() -> None:
     g = ls.Graph()
     a = g.input("a", (2, 3), ls.float32)

@@ -49,6 +49,8 @@ def match_quantized_matmul(r: Node, lowerings: dict) -> QuantizedMatmul | None:
     if not sym.is_const(k):
         return None
     k = int(k)
+    if k <= 0:
+        return None
     mv = sym.Var("qm", 0, max(sym.upper_bound(rows) - 1, 0))
     rv = sym.Var("qr", 0, k - 1)
     jv = sym.Var("qj", 0, max(sym.upper_bound(n) - 1, 0))

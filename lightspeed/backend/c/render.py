@@ -27,6 +27,11 @@ QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re
 QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (the hardware prefetcher lags)
 ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
+# --- lowered kernels (search hook): schedule name -> function (renderer, kernel) -> (function, launch)
+from .attention import render_attention  # noqa: E402
+
+LOWERED_RENDERERS = {"attention": render_attention}
+
 STORAGE = {
     dt.float32: "float", dt.float16: "_Float16", dt.bfloat16: "uint16_t", dt.int8: "int8_t", dt.uint8: "uint8_t",
     dt.int16: "int16_t", dt.uint16: "uint16_t", dt.int32: "int32_t", dt.uint32: "uint32_t", dt.int64: "int64_t",
@@ -139,12 +144,21 @@ class KernelRenderer:
         if isinstance(x, ir.Cast):
             return self.cast(x.arg, x.dtype)
         if isinstance(x, ir.Alu):
-            return self.alu(x)
+            return self.round16(self.alu(x), x.dtype)
         if isinstance(x, ir.Reduce):
-            return self.reduce(x)
+            return self.round16(self.reduce(x), x.dtype)
         if isinstance(x, ir.Gather):
             return self.gather(x)
         raise NotImplementedError(f"C renderer: {type(x).__name__}")
+
+    @staticmethod
+    def round16(v: str, d: dt.DType) -> str:
+        """16-bit float values are computed in float and rounded after every op, as the reference does."""
+        if d is dt.float16:
+            return f"((float)(_Float16)({v}))"
+        if d is dt.bfloat16:
+            return f"ls_bf16_to_f32(ls_f32_to_bf16({v}))"
+        return v
 
     def cast(self, arg: ir.IR, to: dt.DType) -> str:
         v, src = self.expr(arg), arg.dtype
@@ -187,7 +201,8 @@ class KernelRenderer:
             if d.is_float:
                 return f"fmodf({a[0]}, {a[1]})"
             t = compute_type(d)
-            return f"({{ {t} _m = ({a[1]}); _m == 0 ? ({t})0 : ({t})(({a[0]}) % _m); }})"
+            # x % 0 is 0 (as in the reference) and x % -1 is 0 (INT_MIN % -1 would trap)
+            return f"({{ {t} _m = ({a[1]}); (_m == 0 || _m == -1) ? ({t})0 : ({t})(({a[0]}) % _m); }})"
         sym_op = "+" if op is Op.ADD else "*"
         if d.is_float:
             return f"(({a[0]}) {sym_op} ({a[1]}))"
@@ -247,6 +262,8 @@ class KernelRenderer:
         self.start_kernel(k)
         if k.schedule == "qmatmul":
             return self.quantized_matmul(k)
+        if k.schedule in LOWERED_RENDERERS:  # --- lowered kernels (search hook), e.g. attention.py
+            return LOWERED_RENDERERS[k.schedule](self, k)
         shape, vars_ = list(k.shape), list(k.loop_vars)
         if not shape:  # a scalar: one iteration of a size-1 loop
             shape, vars_ = [1], [_loop_var("ko_scalar", 1)]
