@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import dtypes as dt
 from .. import symbolic as sym
 from ..graph import ArrayConst, Node, Program
 from ..ops import BINARY, ELEMENTWISE, REDUCE, UNARY, Op
 from ..shape import ShapeTracker, unravel
 from . import ir
-from .quantized import QuantizedMatmul, match_quantized_matmul
+from .quantized import INT8_QTYPES, QuantizedMatmul, int8_scratch_layout, match_quantized_matmul
+
+# --- lowered kernels (search hook): functions (Former) -> objects with ``node``, ``inlined`` (node ids only
+# the lowered kernel reads: never materialised), ``forced`` (node ids it needs as buffers) and
+# ``kernels(former, node, buf, name, vars_)``. See kernel/attention.py.
+from .attention import match_attention  # noqa: E402
+
+LOWERED_MATCHERS = [match_attention]
 
 # Heuristic thresholds (a schedule search may tune these later).
 RECOMPUTE_MAX_COST = 12  # a value read by several kernels is recomputed when cheaper than this
@@ -69,8 +77,9 @@ def _loop_var(name: str, size: sint) -> sym.Var:
 class Former:
     """Builds a KernelPlan from a Program."""
 
-    def __init__(self, program: Program, use_templates: bool = True):
+    def __init__(self, program: Program, use_templates: bool = True, int8_activations: bool = False):
         self.program = program
+        self.int8_activations = int8_activations
         self.graph = program.graph
         self.outputs: list[Node] = []
         for node, st in program.outputs:
@@ -98,6 +107,15 @@ class Former:
                 if q is not None:
                     self.quantized[n.id] = q
         self.forced = {q.x.id for q in self.quantized.values()}
+        # --- lowered kernels (search hook), see LOWERED_MATCHERS
+        self.lowered: dict[int, object] = {}
+        self.inlined: set[int] = set()
+        if use_templates:
+            for matcher in LOWERED_MATCHERS:
+                for low in matcher(self):
+                    self.lowered[low.node.id] = low
+                    self.inlined |= low.inlined
+                    self.forced |= low.forced
         # Scatters into a donated input that nothing else reads write that input in place (no copy)
         self.in_place: dict[int, Node] = {}
         for n in order:
@@ -139,6 +157,10 @@ class Former:
     def _must_materialise(self, n: Node, is_output: bool) -> bool:
         if is_output or n.op in (Op.SCATTER, Op.CONTIGUOUS) or n.id in self.forced or n.id in self.quantized:
             return True
+        if n.id in self.lowered:  # --- lowered kernels (search hook)
+            return True
+        if n.id in self.inlined:
+            return False
         if n.id in self.decoded_weights:  # a decoded weight matrix is never stored: decode where it is read
             return False
         if n.op in (Op.CONST, Op.IOTA):
@@ -281,7 +303,7 @@ class Former:
                 kept.append(kern)
                 needed.update(id(b) for b in kern.reads)
         kernels = kept[::-1]
-        temps = [b for b in temps if id(b) in needed]
+        temps = [b for b in temps if id(b) in needed] + [b for k in kernels for b in k.scratch]
         plan = KernelPlan(kernels, inputs, consts, [out_bufs[n.id] for n in self.outputs], temps,
                           dims=list(self.program.dims))
         plan.arena_bytes = plan_memory(plan)
@@ -304,8 +326,15 @@ class Former:
             return [write] if copy is None else [copy, write]
         if n.id in self.quantized:
             q = self.quantized[n.id]
-            return [ir.Kernel(name, buf, n.shape, vars_, ir.Const(0, n.dtype), "qmatmul", template=q,
-                              template_reads=[self.buffers[q.x.id], self.buffers[q.raw.id]])]
+            kern = ir.Kernel(name, buf, n.shape, vars_, ir.Const(0, n.dtype), "qmatmul", template=q,
+                             template_reads=[self.buffers[q.x.id], self.buffers[q.raw.id]])
+            if self.int8_activations and q.qtype in INT8_QTYPES:
+                rows = max(sym.upper_bound(q.rows), 1)
+                kern.scratch = [ir.Buffer("temp", dt.uint8, (), f"xq{n.id}",
+                                          nbytes=int8_scratch_layout(rows, q.in_features)[-1])]
+            return [kern]
+        if n.id in self.lowered:  # --- lowered kernels (search hook)
+            return self.lowered[n.id].kernels(self, n, buf, name, vars_)
         value = self._compute(n, list(vars_))
         schedule = "loop"
         if n.op in REDUCE and self._reduce_schedule(n) == "tiled":
@@ -354,6 +383,8 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
         last[id(b)] = max(last.get(id(b), k), k)
         for r in kern.reads:
             last[id(r)] = k
+        for sc in kern.scratch:
+            first[id(sc)] = last[id(sc)] = k
     live: list[tuple[int, int, ir.Buffer]] = []  # (offset, end, buffer)
     top = 0
     for b in sorted(plan.temps, key=lambda b: first[id(b)]):
@@ -371,6 +402,7 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
     return top
 
 
-def form_kernels(program: Program, use_templates: bool = True) -> KernelPlan:
-    """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops."""
-    return Former(program, use_templates).plan()
+def form_kernels(program: Program, use_templates: bool = True, int8_activations: bool = False) -> KernelPlan:
+    """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
+    ``int8_activations=False`` keeps quantized matmuls' activations in float32 (slower, exact decode)."""
+    return Former(program, use_templates, int8_activations).plan()

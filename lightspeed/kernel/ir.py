@@ -137,6 +137,7 @@ class Kernel:
     reads: list[Buffer] = field(default_factory=list)
     template: Any = None  # a lowered kernel (e.g. kernel.quantized.QuantizedMatmul) and its buffers
     template_reads: list[Buffer] = field(default_factory=list)
+    scratch: list[Buffer] = field(default_factory=list)  # arena space the kernel uses only while it runs
 
     def cost(self) -> int:
         return sum(1 for _ in self.value.walk())

@@ -16,6 +16,20 @@ from ..graph import Node
 from ..ops import Op
 from ..quant import QType
 
+# weight types whose matmul can run with int8 activations (x quantized per block of 32, like GGUF's Q8_0)
+INT8_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
+
+
+def int8_scratch_layout(rows: int, k: int) -> tuple[int, int, int]:
+    """Byte offsets of (block scales, block sums, end) in the scratch of quantized activations:
+    int8 values [rows][k], then float scales and int32 sums [rows][k/32], each part 64-byte aligned."""
+    def up(n: int) -> int:
+        return (n + 63) // 64 * 64
+    d_off = up(rows * k)
+    s_off = d_off + up(rows * (k // 32) * 4)
+    return d_off, s_off, s_off + up(rows * (k // 32) * 4)
+
+
 TEMPLATE_QTYPES = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q5_0: "q5_0",
                    QType.Q4_K: "q4_k", QType.Q6_K: "q6_k"}
 

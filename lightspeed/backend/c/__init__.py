@@ -43,13 +43,17 @@ class CBackend:
     """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags),
     ``templates`` (False runs every subgraph as generic fused loops, without lowered kernels such as the
     quantized matmul), ``profile`` (time every kernel; read with ``kernel_times()``), ``portable`` (use
-    only the portable C paths of the kernels, not the ones for CPU features such as AVX-512)."""
+    only the portable C paths of the kernels, not the ones for CPU features such as AVX-512),
+    ``int8_activations`` (quantized matmuls quantize their activations to int8 per block of 32, as GGUF's
+    Q8_0 dot products do: about 2x faster, with ~0.5% relative error in each product; the default keeps
+    them float32, which reproduces a float reference such as transformers token for token)."""
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
-                 templates: bool = True, profile: bool = False, portable: bool = False):
+                 templates: bool = True, profile: bool = False, portable: bool = False,
+                 int8_activations: bool = False):
         t0 = time.perf_counter()
         self.program = program
-        self.plan = form_kernels(program, use_templates=templates)
+        self.plan = form_kernels(program, use_templates=templates, int8_activations=int8_activations)
         self.profile = profile
         self.source = ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(self.plan, profile=profile)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library

@@ -218,3 +218,97 @@ LS_QDOT_AVX2(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
 #define LS_HAVE_QDOT_q4_0 1
 #define LS_HAVE_QDOT_q4_1 1
 #endif
+
+/* ---- int8 activations (as GGUF's Q8_0 x Q8_0 dot products): each activation row is quantized per
+ * block of 32 to int8 with a float scale, and weight blocks are multiplied in integer arithmetic.
+ * ls_quantize_rows writes, for M rows of K floats: q[M][K] int8, d[M][K/32] float, s[M][K/32] int32
+ * (the sum of each block's int8 values, for the offset/min terms of Q4_0 and Q4_1). */
+static inline void ls_quantize_rows(const float *restrict x, int64_t M, int64_t K, int8_t *restrict q,
+                                    float *restrict d, int32_t *restrict s) {
+    const int64_t nb = K / 32;
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + m * K + 32 * b;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) { float v = fabsf(xb[i]); amax = v > amax ? v : amax; }
+            const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) {
+                int v = (int)__builtin_nearbyintf(xb[i] * inv);
+                q[m * K + 32 * b + i] = (int8_t)v;
+                sum += v;
+            }
+            d[m * nb + b] = scale;
+            s[m * nb + b] = sum;
+        }
+    }
+}
+
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVX2__)
+#include <immintrin.h>
+/* sum over 32 lanes of u8 * s8 products, as 8 int32 partial sums */
+static inline __m256i ls_dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+static inline __m256i ls_nibbles32(const uint8_t *q) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
+    const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
+    return _mm256_set_m128i(hi, lo);
+}
+static inline float ls_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* one weight row (nblk blocks) against up to 4 quantized activation rows (stride K, nb) */
+#define LS_QDOT_I8(NAME, BB, BODY, FINISH) \
+static inline void NAME(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd, \
+                        const int32_t *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                        float *restrict out, int64_t ostride) { \
+    __m256 acc[4]; float corr[4]; \
+    for (int r = 0; r < 4; r++) { acc[r] = _mm256_setzero_ps(); corr[r] = 0.0f; } \
+    for (int64_t b = 0; b < nblk; b++) { \
+        const uint8_t *blk = w + b * (BB); \
+        __builtin_prefetch(blk + LS_QMM_PREFETCH, 0, 3); \
+        for (int r = 0; r < 4; r++) { \
+            if (r < mr) { \
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + 32 * b)); \
+                const float dx = xd[r * nblk + b]; const int32_t sx = xs[r * nblk + b]; \
+                BODY \
+            } \
+        } \
+    } \
+    for (int r = 0; r < mr; r++) out[r * ostride] = ls_hsum8(acc[r]) FINISH; \
+}
+#ifndef LS_QMM_PREFETCH
+#define LS_QMM_PREFETCH 4096
+#endif
+/* Q8_0: sign trick (|w| unsigned, x takes w's sign) */
+LS_QDOT_I8(ls_qdot8_q8_0, 34, {
+    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m256i p = ls_dot_u8s8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ls_f16(blk) * dx), acc[r]);
+    (void)sx;
+}, + 0.0f)
+/* Q4_0: w = d*(nib - 8): d*dx*(sum nib*x - 8*sum x) */
+LS_QDOT_I8(ls_qdot8_q4_0, 18, {
+    const float dd = ls_f16(blk) * dx;
+    const __m256i p = ls_dot_u8s8(ls_nibbles32(blk + 2), xv);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dd), acc[r]);
+    corr[r] -= 8.0f * dd * (float)sx;
+}, + corr[r])
+/* Q4_1: w = d*nib + m: d*dx*sum nib*x + m*dx*sum x */
+LS_QDOT_I8(ls_qdot8_q4_1, 20, {
+    const __m256i p = ls_dot_u8s8(ls_nibbles32(blk + 4), xv);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ls_f16(blk) * dx), acc[r]);
+    corr[r] += ls_f16(blk + 2) * dx * (float)sx;
+}, + corr[r])
+#define LS_HAVE_QDOT8 1
+#endif

@@ -16,7 +16,7 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
-from ...kernel.quantized import TEMPLATE_QTYPES
+from ...kernel.quantized import TEMPLATE_QTYPES, int8_scratch_layout
 from ...quant import block_format
 from ...ops import Op
 
@@ -81,7 +81,7 @@ class KernelRenderer:
 
     @staticmethod
     def kernel_buffers(k: ir.Kernel) -> list[ir.Buffer]:
-        return [k.out] + [b for b in k.reads if b is not k.out]
+        return [k.out] + [b for b in k.reads if b is not k.out] + list(k.scratch)
 
     def var(self, v: sym.Var) -> str:
         """C name of a variable: program dimensions are D_<name>, loop variables get per-kernel names."""
@@ -328,6 +328,23 @@ class KernelRenderer:
         x_buf, raw_buf = k.template_reads
         M, N = self.idx(q.rows), self.idx(q.out_features)
         rows_per_item = max(1, min(QMM_L2_BYTES // row_bytes, 64))
+        int8_lines, quantize = [], ""
+        if k.scratch:  # int8 activations, quantized once per call by the launcher
+            d_off, s_off, _ = int8_scratch_layout(max(sym.upper_bound(q.rows), 1), K)
+            sc = self.buf(k.scratch[0])
+            int8_lines = [
+                "#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)",
+                "            for (int64_t n = n0; n < n1; n++)",
+                f"                ls_qdot8_{tname}(wraw + n * {row_bytes}LL, (const int8_t *){sc} + m0 * {K}LL, "
+                f"(const float *)({sc} + {d_off}) + m0 * {nblk}, (const int32_t *)({sc} + {s_off}) + m0 * {nblk}, "
+                f"{K}, {nblk}, mr, out + m0 * N + n, N);"]
+            lp = "((const ls_launch *)(&l))"
+            x_i = self.kernel_buffers(k).index(x_buf)
+            s_i = self.kernel_buffers(k).index(k.scratch[0])
+            quantize = ("\n#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)\n"
+                        f"      {{ uint8_t *sc = (uint8_t *){lp}->p[{s_i}]; ls_quantize_rows((const float *){lp}->p[{x_i}], "
+                        f"M, {K}, (int8_t *)sc, (float *)(sc + {d_off}), (int32_t *)(sc + {s_off})); }}\n"
+                        "#endif\n")
         lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
                  "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
         lines += [f"    {d}" for d in self.decls(k)]
@@ -340,7 +357,8 @@ class KernelRenderer:
             f"        const int64_t n0 = p * {rows_per_item}, n1 = ls_min(N, n0 + {rows_per_item});",
             f"        for (int64_t m0 = 0; m0 < M; m0 += {ROW_BLOCK}) {{",
             f"            const int64_t mr = ls_min({ROW_BLOCK}, M - m0);",
-            f"#if defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
+        ] + int8_lines + [
+            f"#{'elif' if int8_lines else 'if'} defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
             "            for (int64_t n = n0; n < n1; n++)",
             f"                ls_qdot_{tname}(wraw + n * {row_bytes}LL, xs + m0 * {K}LL, {K}, {nblk}, mr, out + m0 * N + n, N);",
             "#else",
@@ -380,7 +398,7 @@ class KernelRenderer:
             "}"]
         items = f"((N + {rows_per_item - 1}) / {rows_per_item})"
         work = f"(M * N * {K}LL)"
-        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t n = {items}; (void)M;\n"
+        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t n = {items}; (void)M;{quantize}\n"
                 f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
 
@@ -452,7 +470,7 @@ class KernelRenderer:
     def decls(self, k: ir.Kernel) -> list[str]:
         out = []
         for i, b in enumerate(self.kernel_buffers(k)):
-            qual = "" if b is k.out else "const "
+            qual = "" if b is k.out or b in k.scratch else "const "
             out.append(f"{qual}{STORAGE[b.dtype]} *restrict {self.buf(b)} = ({qual}{STORAGE[b.dtype]} *)l->p[{i}];")
         for i, v in enumerate(self.plan.dims):
             out.append(f"const int64_t D_{v.name} = a->dims[{i}]; (void)D_{v.name};")

@@ -1,0 +1,298 @@
+"""C rendering of the streaming (online-softmax) attention kernel (see kernel/attention.py).
+
+A work item is a block of ROWS query rows of one (batch, head). Keys stream past in blocks of KEYS:
+the block's scores are computed into a small tile, each row's running max m, running sum l and value
+accumulator a are rescaled by 2^((m_old - m_new) c), then the block's weights multiply the value rows.
+Nothing of size seq x seq is stored. When the score is ``f(sum_d q(i, d) * k(j, d))`` (a dot product
+whose two factors each depend on one of the two indices), the key block is staged transposed and the
+dot products of ROWS x KEYS scores are accumulated as a small register-blocked matrix product;
+any other score expression is evaluated element by element. Register tiles use GNU vector types;
+the source holds one tiling per vector width and the compiler's target (``-march=native``) picks.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ... import dtypes as dt
+from ... import symbolic as sym
+from ...kernel import ir
+from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
+from ...ops import Op
+
+ROWS = 32  # query rows per work item: they share each staged block of keys and values
+KEYS = 32  # keys per streamed block (a multiple of 16)
+# register tiles (rows, vectors) of the dot products and the value accumulation, per vector width:
+# 32 vector registers (AVX-512) hold 4 x 4 accumulators, 16 (AVX2 and narrower) hold 4 x 2
+TILES = {64: (4, 4), 32: (4, 2), 16: (4, 2)}
+
+
+def _ir_vars(x: ir.IR) -> set[sym.Var]:
+    out: set[sym.Var] = set()
+    for y in x.walk():
+        if isinstance(y, ir.Load):
+            out |= sym.free_vars(y.offset)
+        elif isinstance(y, ir.Index):
+            out |= sym.free_vars(y.expr)
+        elif isinstance(y, ir.Select):
+            out |= sym.free_vars(y.valid)
+        elif isinstance(y, ir.Reduce):
+            out |= sym.free_vars(y.size)
+        elif isinstance(y, ir.Gather):
+            out |= sym.free_vars(y.rows)
+    return out
+
+
+def _replace(x: ir.IR, target: ir.IR, new: ir.IR) -> ir.IR:
+    """``x`` with the subtree ``target`` (by identity) replaced by ``new``."""
+    if x is target:
+        return new
+    if isinstance(x, ir.Alu):
+        return dataclasses.replace(x, args=tuple(_replace(a, target, new) for a in x.args))
+    if isinstance(x, ir.Cast):
+        return dataclasses.replace(x, arg=_replace(x.arg, target, new))
+    if isinstance(x, ir.Select):
+        return dataclasses.replace(x, value=_replace(x.value, target, new))
+    if isinstance(x, ir.Reduce):
+        return dataclasses.replace(x, body=_replace(x.body, target, new))
+    if isinstance(x, ir.Gather):
+        return dataclasses.replace(x, index=_replace(x.index, target, new), body=_replace(x.body, target, new))
+    return x
+
+
+@dataclasses.dataclass
+class _Product:
+    """score = post(sum_d q(i, d) * k(j, d)): the reduction, its two factors and the rest."""
+    red: ir.Reduce
+    q: ir.IR
+    k: ir.IR
+    depth: int
+
+
+def split_product(t: AttentionKernel) -> _Product | None:
+    """The dot product inside the score, if it has the product form (see the module docstring)."""
+    reds = [y for y in t.score.walk() if isinstance(y, ir.Reduce)]
+    for red in reds:
+        if red.op is not Op.SUM_REDUCE or red.dtype is not dt.float32 or not sym.is_const(red.size):
+            continue
+        if int(red.size) > MAX_STAGED_DEPTH or sum(1 for y in t.score.walk() if y is red) != 1:
+            continue
+        body = red.body
+        if not (isinstance(body, ir.Alu) and body.op is Op.MUL and len(body.args) == 2):
+            continue
+        if any(a.dtype is not dt.float32 for a in body.args):
+            continue
+        for qa, kb in (body.args, tuple(reversed(body.args))):
+            if t.j not in _ir_vars(qa) and t.i not in _ir_vars(kb):
+                return _Product(red, qa, kb, int(red.size))
+    return None
+
+
+def _vector_widths(schedule: dict | None) -> list[tuple[str, int]]:
+    """(preprocessor condition, vector bytes) of the tilings to emit."""
+    if schedule and "vector_bytes" in schedule:
+        return [("1", int(schedule["vector_bytes"]))]
+    return [("defined(__AVX512F__)", 64), ("defined(__AVX__)", 32), ("1", 16)]
+
+
+def _conditional(variants: list[tuple[str, list[str]]]) -> list[str]:
+    if len(variants) == 1:
+        return variants[0][1]
+    out = []
+    for k, (cond, lines) in enumerate(variants):
+        if cond == "1" and k > 0:
+            out.append("#else")
+        else:
+            out.append(f"#{'if' if k == 0 else 'elif'} {cond}")
+        out += lines
+    out.append("#endif")
+    return out
+
+
+def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str, str]:
+    """(the kernel's static function, its launch statement) for renderer ``r`` (a KernelRenderer).
+
+    ``schedule`` may override ``rows``, ``keys`` and ``vector_bytes`` (a kernel-level search knob)."""
+    from .render import PARALLEL_GRAIN, float_literal
+    from ...kernel.fusion import _dense_offset
+    schedule = schedule or {}
+    t: AttentionKernel = k.template
+    vars_ = list(k.loop_vars)
+    prefix, shape = vars_[:-2], list(k.shape)
+    QB, KB, EV = int(schedule.get("rows", ROWS)), int(schedule.get("keys", KEYS)), t.width
+    C = float_literal(float(t.c))
+    prod = split_product(t)
+    lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
+             "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
+    lines += [f"    {d}" for d in r.decls(k)]
+    NI, NJ = r.idx(shape[-2]), r.idx(t.keys)
+    lines += [f"    const int64_t NI = {NI}, NJ = {NJ}, IB = (NI + {QB - 1}) / {QB};",
+              "    for (int64_t p = p0; p < p1; p++) {",
+              "        int64_t row = p / IB;", "        const int64_t ib = p % IB;"]
+    for v, sz in reversed(list(zip(prefix, shape[:-2]))):
+        lines.append(f"        const int64_t {r.var(v)} = row % {r.idx(sz)}; row /= {r.idx(sz)};")
+    lines += ["        (void)row;",
+              f"        const int64_t i0 = ib * {QB}, nr = ls_min({QB}, NI - i0);",
+              f"        float m[{QB}], lsum[{QB}], s[{QB}][{KB}], ps[{QB}][{KB}], acc[{QB}][{EV}], vt[{KB}][{EV}];",
+              f"        int bad[{QB}];",
+              f"        for (int rr = 0; rr < {QB}; rr++) {{",
+              "            m[rr] = -INFINITY; lsum[rr] = 0.0f; bad[rr] = 0;",
+              f"            for (int e = 0; e < {EV}; e++) acc[rr][e] = 0.0f;",
+              f"            for (int jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
+              "        }"]
+    if prod is not None:
+        lines.append(f"        float kt[{prod.depth}][{KB}];")
+    lines += [f"        for (int64_t j0 = 0; j0 < NJ; j0 += {KB}) {{",
+              f"            const int64_t jn = ls_min({KB}, NJ - j0);"]
+    r.rename[t.j] = "(j0 + jj)"
+    r.rename[t.e] = "e"
+    widths = _vector_widths(schedule)
+    try:
+        lines += _scores(r, t, prod, KB, widths)
+        r.rename[t.i] = "(i0 + rr)"
+        lines += _online_update(t, C, KB)
+        lines += _values(r, t, KB, widths)
+        out_off = r.idx(_dense_offset(vars_, shape))
+        lines += ["        }",
+                  "        for (int64_t rr = 0; rr < nr; rr++) {",
+                  "            const float inv = 1.0f / lsum[rr];",
+                  f"            for (int64_t e = 0; e < {EV}; e++)",
+                  f"                {r.buf(k.out)}[{out_off}] = bad[rr] ? NAN : acc[rr][e] * inv;",
+                  "        }", "    }", "}"]
+    finally:
+        for v in (t.i, t.j, t.e):
+            r.rename.pop(v, None)
+    P = r.idx(sym.prod(shape[:-2])) if prefix else "1"
+    depth = prod.depth if prod is not None else 1
+    call = (f"    {{ const int64_t NI = {NI}, NJ = {NJ}; const int64_t n = ({P}) * ((NI + {QB - 1}) / {QB});\n"
+            f"      if (n * {QB} * NJ * {depth + EV} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); "
+            f"else KFN(&l, 0, n); }}")
+    return "\n".join(lines), call
+
+
+def _scores(r, t: AttentionKernel, prod: _Product | None, KB: int, widths) -> list[str]:
+    """Fill s[rr][jj] for the rows and keys of the block."""
+    if prod is None:
+        r.rename[t.i] = "(i0 + rr)"
+        return ["            for (int64_t rr = 0; rr < nr; rr++)",
+                "                for (int64_t jj = 0; jj < jn; jj++)",
+                f"                    s[rr][jj] = {r.expr(t.score)};"]
+    d = prod.red.var
+    r.rename[d] = "d"
+    placeholder = sym.Var("attn_dot", 0, 0)
+    try:
+        lines = [f"            for (int64_t jj = 0; jj < {KB}; jj++) {{",
+                 "                if (jj < jn) {",
+                 f"                    for (int64_t d = 0; d < {prod.depth}; d++) kt[d][jj] = {r.expr(prod.k)};",
+                 "                } else {",
+                 f"                    for (int64_t d = 0; d < {prod.depth}; d++) kt[d][jj] = 0.0f;",
+                 "                }",
+                 "            }"]
+        lines += _conditional([(cond, _dot_tile(r, t, prod, KB, vb)) for cond, vb in widths])
+        r.rename[t.i] = "(i0 + rr)"
+        r.rename[placeholder] = "s[rr][jj]"
+        post = _replace(t.score, prod.red, ir.Index(placeholder, dt.float32))
+        lines += ["            for (int64_t rr = 0; rr < nr; rr++) {",
+                  "                _Pragma(\"omp simd\")",
+                  "                for (int64_t jj = 0; jj < jn; jj++)",
+                  f"                    s[rr][jj] = {r.expr(post)};",
+                  "            }"]
+    finally:
+        r.rename.pop(d, None)
+        r.rename.pop(placeholder, None)
+    return lines
+
+
+def _dot_tile(r, t: AttentionKernel, prod: _Product, KB: int, vb: int) -> list[str]:
+    """s[g + u][kc + c*lanes ...] = sum_d q(i0 + g + u, d) * kt[d][...]: a register tile of RB rows by KV
+    vectors (named variables, so they stay in registers), over all row groups and key chunks."""
+    RB, KV = TILES[vb]
+    LN = vb // 4
+    KV = max(1, min(KV, KB // LN))
+    step = KV * LN
+    acc = [[f"sa{u}_{c}" for c in range(KV)] for u in range(RB)]
+    lines = [f"            for (int64_t g = 0; g < nr; g += {RB}) {{",
+             f"                typedef float vec __attribute__((vector_size({vb})));",
+             f"                for (int64_t kc = 0; kc < {KB}; kc += {step}) {{",
+             "                    vec " + ", ".join(f"{x} = {{0}}" for row in acc for x in row) + ";",
+             f"                    for (int64_t d = 0; d < {prod.depth}; d++) {{"]
+    for u in range(RB):
+        r.rename[t.i] = f"(i0 + g + {u})"
+        lines.append(f"                        const float q{u} = g + {u} < nr ? ({r.expr(prod.q)}) : 0.0f;")
+    for c in range(KV):
+        lines.append(f"                        vec k{c}; memcpy(&k{c}, &kt[d][kc + {c * LN}], {vb});")
+        lines += [f"                        {acc[u][c]} += q{u} * k{c};" for u in range(RB)]
+    lines.append("                    }")
+    for u in range(RB):
+        stores = " ".join(f"memcpy(&s[g + {u}][kc + {c * LN}], &{acc[u][c]}, {vb});" for c in range(KV))
+        lines.append(f"                    if (g + {u} < nr) {{ {stores} }}")
+    lines += ["                }", "            }"]
+    return lines
+
+
+def _online_update(t: AttentionKernel, C: str, KB: int) -> list[str]:
+    """Per row: the block max, the rescaling of what was accumulated, the block's weights ps."""
+    return ["            for (int64_t rr = 0; rr < nr; rr++) {",
+            "                float bm = -INFINITY; int bn = 0;",
+            "                _Pragma(\"omp simd reduction(max:bm) reduction(|:bn)\")",
+            "                for (int64_t jj = 0; jj < jn; jj++) { const float v = s[rr][jj]; bn |= v != v; "
+            "bm = v > bm ? v : bm; }",
+            "                bad[rr] |= bn;",
+            "                const float mn = bm > m[rr] ? bm : m[rr];",
+            "                if (mn == -INFINITY) {  /* every score so far is -inf: nothing to add yet */",
+            f"                    for (int64_t jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
+            "                    continue;",
+            "                }",
+            f"                const float alpha = ls_exp2f((m[rr] - mn) * {C});",
+            "                float bsum = 0.0f;",
+            "                _Pragma(\"omp simd reduction(+:bsum)\")",
+            "                for (int64_t jj = 0; jj < jn; jj++) {",
+            f"                    ps[rr][jj] = ls_exp2f((s[rr][jj] - mn) * {C}); bsum += ps[rr][jj];",
+            "                }",
+            f"                for (int64_t jj = jn; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
+            "                lsum[rr] = lsum[rr] * alpha + bsum;",
+            "                _Pragma(\"omp simd\")",
+            f"                for (int64_t e = 0; e < {t.width}; e++) acc[rr][e] *= alpha;",
+            "                m[rr] = mn;",
+            "            }"]
+
+
+def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
+    """acc[rr] += ps[rr][jj] * value(j): the block's value rows are staged once, then register tiles of
+    rows by vectors accumulate them."""
+    lines = ["            for (int64_t jj = 0; jj < jn; jj++) {",
+             "                _Pragma(\"omp simd\")",
+             f"                for (int64_t e = 0; e < {t.width}; e++) vt[jj][e] = {r.expr(t.value)};",
+             "            }"]
+    return lines + _conditional([(cond, _value_tile(t, vb)) for cond, vb in widths])
+
+
+def _value_tile(t: AttentionKernel, vb: int) -> list[str]:
+    RB, EVV = TILES[vb]
+    LN = vb // 4
+    EV = t.width
+    if EV % LN:
+        LN, vb = 1, 4  # an odd width: one lane (still correct, only slower)
+    EVV = max(1, min(EVV, EV // LN))
+    step = EVV * LN
+    acc = [[f"a{u}_{c}" for c in range(EVV)] for u in range(RB)]
+    lines = [f"            for (int64_t g = 0; g < nr; g += {RB}) {{",
+             f"                typedef float vec __attribute__((vector_size({vb})));",
+             f"                for (int64_t ec = 0; ec + {step} <= {EV}; ec += {step}) {{",
+             "                    vec " + ", ".join(f"{acc[u][c]}" for u in range(RB) for c in range(EVV)) + ";"]
+    lines += [f"                    memcpy(&{acc[u][c]}, &acc[g + {u}][ec + {c * LN}], {vb});"
+              for u in range(RB) for c in range(EVV)]
+    lines.append("                    for (int64_t jj = 0; jj < jn; jj++) {")
+    lines += [f"                        const float w{u} = ps[g + {u}][jj];" for u in range(RB)]
+    for c in range(EVV):
+        lines.append(f"                        vec v{c}; memcpy(&v{c}, &vt[jj][ec + {c * LN}], {vb});")
+        lines += [f"                        {acc[u][c]} += w{u} * v{c};" for u in range(RB)]
+    lines.append("                    }")
+    lines += [f"                    memcpy(&acc[g + {u}][ec + {c * LN}], &{acc[u][c]}, {vb});"
+              for u in range(RB) for c in range(EVV)]
+    lines += ["                }"]
+    if EV % step:  # the columns left over after whole chunks, one at a time
+        lines += [f"                for (int64_t e = {EV - EV % step}; e < {EV}; e++)",
+                  f"                    for (int64_t u = 0; u < {RB}; u++)",
+                  "                        for (int64_t jj = 0; jj < jn; jj++) acc[g + u][e] += ps[g + u][jj] * vt[jj][e];"]
+    lines.append("            }")
+    return lines

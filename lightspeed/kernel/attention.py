@@ -1,0 +1,251 @@
+"""Streaming attention: a lowered kernel for softmax(scores) @ V found in the primitive graph.
+
+The frontend's attention is ordinary primitives: ``scores`` (any float32 expression over a query
+index i and a key index j — typically q·k * scale with a mask), the softmax as
+``E = exp2((scores - max_j scores) * c)`` and ``W = E * recip(sum_j E)``, and ``out = sum_j W * V``.
+Nothing marks it. This module recognises that structure with the rewrite package's pattern matcher
+and proves with index arithmetic that the max, the sum and the final reduction all run over the same
+key axis of the same score element (the views between the ops may permute, broadcast or reshape).
+
+The online-softmax identity then gives a kernel that streams over blocks of keys, keeping per query
+row a running max m, a running sum l and an accumulator a (rescaled by 2^((m_old - m_new) c) whenever
+the max grows), so out = a / l and no score matrix (seq x seq) is ever stored. Nodes of the softmax
+and of the scores that nothing else reads are therefore never materialised.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import dtypes as dt
+from .. import symbolic as sym
+from ..graph import Node
+from ..ops import Op
+from ..rewrite.pattern import P, match
+from ..shape import ShapeTracker, unravel
+from . import ir
+
+MAX_VALUE_WIDTH = 256  # the value accumulator of a row lives in registers/L1: [rows][width] floats
+MAX_STAGED_DEPTH = 256  # the staged key block of the product form: [depth][block] floats
+
+R_PAT = (P.w * P.v).sum()
+W_PAT = P.num * P.den.sum(name="s").recip()
+E_PAT = ((P.x + P.mx.max(name="m") * -1) * P.const(name="c")).exp2()
+
+
+@dataclass
+class _Chain:
+    """The matched nodes and the views that connect them (each view in its consumer's index space)."""
+    r: Node
+    w: Node
+    w_st: ShapeTracker  # W read in R's input space
+    v: Node
+    v_st: ShapeTracker  # V read in R's input space
+    e: Node
+    num_st: ShapeTracker  # E read in W's space (numerator)
+    s: Node
+    s_st: ShapeTracker  # S read in W's space (through the recip)
+    den_st: ShapeTracker  # E read in S's input space
+    x: Node
+    x_st: ShapeTracker  # X read in E's space
+    m: Node
+    m_st: ShapeTracker  # M read in E's space
+    mx_st: ShapeTracker  # X read in M's input space
+    c: float
+    inner: list[Node] = field(default_factory=list)  # the softmax's own nodes
+
+
+def _index(st: ShapeTracker, idx, src: Node):
+    off, valid = st.index(idx)
+    if not sym.same(valid, 1):
+        return None
+    return unravel(off, src.shape)
+
+
+def _same_index(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(sym.same(x, y) for x, y in zip(a, b))
+
+
+def _uses(idx, var: sym.Var) -> bool:
+    return any(var in sym.free_vars(x) for x in idx)
+
+
+def _var(name: str, size) -> sym.Var:
+    from .fusion import _loop_var  # (fusion imports this module)
+    return _loop_var(name, size)
+
+
+def _match_chain(r: Node) -> _Chain | None:
+    """The softmax-then-matmul structure at reduction ``r``, by node shape only (indices unchecked)."""
+    if r.op is not Op.SUM_REDUCE or r.dtype is not dt.float32 or len(r.shape) < 2:
+        return None
+    mr = match(R_PAT, r)
+    if mr is None:
+        return None
+    for wname, vname in (("w", "v"), ("v", "w")):  # the weights may be either operand
+        w, v = mr.bindings[wname], mr.bindings[vname]
+        mw = match(W_PAT, w.node) if w.node.op is Op.MUL else None
+        if mw is None or mw.num.node is not mw.den.node:
+            continue
+        e = mw.num.node
+        me = match(E_PAT, e)
+        if me is None or me.x.node is not me.mx.node:
+            continue
+        c = me.values["c"]
+        if not (isinstance(c, float) and math.isfinite(c) and c > 0):
+            continue
+        s, m = mw.s.node, me.m.node
+        recip_node = next(src for src, _ in w.node.srcs if src.op is Op.RECIP)
+        exp_arg = e.srcs[0][0]
+        add = next(src for src, _ in exp_arg.srcs if src.op is Op.ADD)
+        neg = next(src for src, _ in add.srcs if src is not me.x.node)  # (x may be a Mul itself)
+        inner = [r.srcs[0][0], w.node, recip_node, s, e, exp_arg, add, neg, m]
+        return _Chain(r, w.node, w.st, v.node, v.st, e, mw.num.st, s, mw.s.st, mw.den.st, me.x.node, me.x.st,
+                      m, me.m.st, me.mx.st, c, inner)
+    return None
+
+
+@dataclass
+class AttentionIndex:
+    """Index expressions of one instance: R's output index ``out`` (batch..., i, e), key index ``j``."""
+    out: tuple
+    j: sym.Var
+    full: list  # R's input index (out with j inserted)
+    x: list  # the score element read for (out, j)
+
+
+def _indices(ch: _Chain, out, j) -> AttentionIndex | None:
+    """Follow the views from R down to X for output index ``out`` and key ``j``; None unless the max, the
+    sum and the matmul provably reduce over the same key axis of the same score element."""
+    r = ch.r
+    full = list(out)
+    full.insert(r.arg, j)
+    e_var = out[-1]
+    wi = _index(ch.w_st, full, ch.w)
+    if wi is None or _uses(wi, e_var):
+        return None
+    ei = _index(ch.num_st, wi, ch.e)
+    si = _index(ch.s_st, wi, ch.s)
+    if ei is None or si is None or _uses(si, j) or _uses(si, e_var):
+        return None
+    s_in = list(si)
+    s_in.insert(ch.s.arg, j)
+    if not sym.same(ch.s.srcs[0][1].shape[ch.s.arg], r.srcs[0][1].shape[r.arg]):
+        return None
+    if not _same_index(_index(ch.den_st, s_in, ch.e), ei):
+        return None
+    xi = _index(ch.x_st, ei, ch.x)
+    mi = _index(ch.m_st, ei, ch.m)
+    if xi is None or mi is None or _uses(mi, j) or _uses(xi, e_var):
+        return None
+    m_in = list(mi)
+    m_in.insert(ch.m.arg, j)
+    if not sym.same(ch.m.srcs[0][1].shape[ch.m.arg], r.srcs[0][1].shape[r.arg]):
+        return None
+    if not _same_index(_index(ch.mx_st, m_in, ch.x), xi):
+        return None
+    return AttentionIndex(tuple(out), j, full, xi)
+
+
+@dataclass(eq=False)
+class StreamingAttention:
+    """A matched attention at reduction ``node`` (see the module docstring). ``inlined``: nodes only this
+    kernel reads (never materialised); ``forced``: nodes it reads that must be buffers."""
+
+    node: Node
+    chain: _Chain
+    keys: sym.sint  # the number of keys J
+    width: int  # the value width (R's last axis)
+    inlined: set[int] = field(default_factory=set)
+    forced: set[int] = field(default_factory=set)
+
+    def kernels(self, former, n: Node, buf: ir.Buffer, name: str, vars_) -> list[ir.Kernel]:
+        j = _var("kj", self.keys)
+        idx = _indices(self.chain, list(vars_), j)
+        assert idx is not None, "attention indices were proven at match time"
+        score = former._read(self.chain.x, ShapeTracker.contiguous(self.chain.x.shape), idx.x)
+        value = former._read(self.chain.v, self.chain.v_st, idx.full)
+        tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width)
+        reads = []
+        for root in (score, value):
+            for x in root.walk():
+                if isinstance(x, ir.Load) and x.buf not in reads:
+                    reads.append(x.buf)
+        zero = ir.Const(0, dt.float32)
+        return [ir.Kernel(name, buf, n.shape, tuple(vars_), zero, "attention", template=tmpl, template_reads=reads)]
+
+
+@dataclass(eq=False)
+class AttentionKernel:
+    """What the C renderer needs: out[.., i, e] = sum_j softmax_j(score(i, j)) * value(j, e), where the
+    softmax is exp2((score - max) * c) normalised; ``score`` and ``value`` are IR over the loop vars."""
+
+    score: ir.IR
+    value: ir.IR
+    j: sym.Var
+    keys: sym.sint
+    c: float
+    i: sym.Var
+    e: sym.Var
+    width: int
+
+
+def _numel(shape) -> int:
+    return max(sym.upper_bound(sym.prod(shape)), 1) if shape else 1
+
+
+def match_attention(former) -> list[StreamingAttention]:
+    """Every streaming attention in ``former``'s nodes (a ``kernel.fusion.Former``)."""
+    found: list[StreamingAttention] = []
+    for r in former.nodes:
+        if r.op is not Op.SUM_REDUCE:
+            continue
+        ch = _match_chain(r)
+        if ch is None or not sym.is_const(r.shape[-1]) or int(r.shape[-1]) > MAX_VALUE_WIDTH:
+            continue
+        out = [_var(f"ao{k}", s) for k, s in enumerate(r.shape)]
+        keys = r.srcs[0][1].shape[r.arg]
+        if _indices(ch, out, _var("aj", keys)) is None:
+            continue
+        found.append(StreamingAttention(r, ch, keys, int(r.shape[-1])))
+    # which nodes only these kernels read is decided for all of them together: a causal mask shared
+    # by every layer's attention is private to the set, not to any one of them
+    ok = list(found)
+    while ok:
+        private = _private_nodes(former, ok)
+        lowered = {a.node.id for a in found}
+        bad = [a for a in ok if any(u.id not in private and u.id not in lowered
+                                    for n in a.chain.inner for u, _ in former.consumers.get(n.id, []))]
+        if not bad:
+            for a in ok:
+                a.inlined = private
+            break
+        ok = [a for a in ok if a not in bad]
+    return found
+
+
+def _private_nodes(former, atts: list[StreamingAttention]) -> set[int]:
+    """Nodes only these kernels read: the softmax's nodes, and the nodes of the scores at least as large
+    as a seq x seq score matrix (what a materialising plan would store)."""
+    outputs = {n.id for n in former.outputs}
+    private: set[int] = set()
+    candidates: dict[int, Node] = {}
+    for a in atts:
+        ch = a.chain
+        private |= {n.id for n in ch.inner}
+        big = _numel(ch.r.shape[-2:-1]) * max(sym.upper_bound(a.keys), 1)
+        stack = [ch.x]
+        while stack:
+            n = stack.pop()
+            if n.id in candidates or n.op in (Op.INPUT, Op.CONST):
+                continue
+            if n is ch.x or _numel(n.shape) >= big:
+                candidates[n.id] = n
+                stack.extend(s for s, _ in n.srcs)
+    # consumers come later in topological order: decide from the last node back
+    order = {n.id: k for k, n in enumerate(former.nodes)}
+    for n in sorted(candidates.values(), key=lambda n: -order.get(n.id, -1)):
+        users = former.consumers.get(n.id, [])
+        if users and n.id not in outputs and all(u.id in private for u, _ in users):
+            private.add(n.id)
+    return private - {a.node.id for a in atts} - outputs
