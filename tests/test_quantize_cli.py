@@ -11,11 +11,12 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from lightspeed import cli  # noqa: E402
-from lightspeed.io import load_gguf  # noqa: E402
-from lightspeed.models import load_model  # noqa: E402
-from lightspeed.requant import metadata_types, quantize_gguf, requantize_model  # noqa: E402
-from tiny_gguf import write_tiny_llama  # noqa: E402
+from tiny_gguf import write_tiny_llama
+
+from lightspeed import cli
+from lightspeed.io import load_gguf
+from lightspeed.models import load_model
+from lightspeed.requant import metadata_types, quantize_gguf, requantize_model
 
 TARGETS = ["q8_0", "q4_0", "q4_1", "f16", "bf16", "f32"]
 FILE_TYPES = {"q8_0": 7, "q4_0": 2, "q4_1": 3, "f16": 1, "bf16": 32, "f32": 0}

@@ -15,8 +15,8 @@ import mmap
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class QuantizeReport:
     seconds: float = 0.0
 
 
-def quantize_gguf(src: "str | os.PathLike[str]", dst: "str | os.PathLike[str]", target: "str | QType",
+def quantize_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], target: str | QType,
                   progress: Callable[[str, int, int], None] | None = None) -> QuantizeReport:
     """Write ``dst``: the GGUF file ``src`` with its matrices requantized to ``target`` (q8_0, q4_0,
     q4_1, f16, bf16, f32). ``progress(name, index, count)`` is called before each tensor."""

@@ -91,7 +91,7 @@ def _release_pages(gf: Any, offset: int, n_bytes: int) -> None:
             pass  # an optimisation only
 
 
-def requantize_file(gf: Any, target: "str | QType", release: bool = True) -> RequantizedFile:
+def requantize_file(gf: Any, target: str | QType, release: bool = True) -> RequantizedFile:
     """``gf`` (a ``GGUFFile``) with its matrices re-encoded as ``target`` (see ``plan.planned_type``)."""
     target = parse_target(target)
     tensors: dict[str, Any] = {}
@@ -107,7 +107,7 @@ def requantize_file(gf: Any, target: "str | QType", release: bool = True) -> Req
     return RequantizedFile(gf, tensors, target)
 
 
-def requantize_model(lm: Any, target: "str | QType") -> Any:
+def requantize_model(lm: Any, target: str | QType) -> Any:
     """Re-encode the matrices of ``lm`` (a ``CausalLM`` loaded from GGUF) as ``target`` in memory,
     before it is compiled; returns ``lm``. Models from Hugging Face folders are not supported."""
     from ..models.weights import GGUFWeights

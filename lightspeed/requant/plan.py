@@ -22,7 +22,7 @@ TARGETS: dict[str, QType] = {"q8_0": QType.Q8_0, "q4_0": QType.Q4_0, "q4_1": QTy
 CHUNK_VALUES = 1 << 22  # float32 values decoded per step (16 MiB)
 
 
-def parse_target(name: "str | QType") -> QType:
+def parse_target(name: str | QType) -> QType:
     """The QType of a target name such as ``"q8_0"`` (case-insensitive); ValueError for others."""
     if isinstance(name, QType):
         qtype = name
@@ -50,7 +50,7 @@ def byte_shape(shape: tuple[int, ...], qtype: QType) -> tuple[int, ...]:
     return tuple(shape[:-1]) + (fmt.row_bytes(shape[-1]),)
 
 
-def convert(raw: np.ndarray, stored: "QType | str", target: "QType | str") -> np.ndarray:
+def convert(raw: np.ndarray, stored: QType | str, target: QType | str) -> np.ndarray:
     """Re-encode raw bytes ``(..., row_bytes)`` of type ``stored`` as ``target`` (same leading axes).
     A tensor already of the target type is returned as it is (no copy)."""
     stored, target = as_qtype(stored), as_qtype(target)

