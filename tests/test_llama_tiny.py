@@ -112,6 +112,21 @@ def test_llama3_rope_scaling_attention_and_mlp_biases(tmp_path):
 
 
 @pytest.mark.parametrize("kv_update", ["rows", "scatter"])
+def test_caches_are_updated_in_place(tmp_path, kv_update):
+    """Both cache updates leave the new keys in the caller's arrays (scatter: the C backend writes
+    into the donated inputs; rows: run() stores the returned rows) and touch no other row."""
+    make_hf_model(tmp_path, "llama", seed=7)
+    step = load_model(tmp_path).compile(CTX, max_chunk=8, kv_update=kv_update)
+    caches = step.new_caches()
+    before = {k: v.copy() for k, v in caches.items()}
+    _, out = step.run(TOKENS[:3], 2, caches)
+    for name, arr in caches.items():
+        assert out[name] is arr, name
+        assert np.array_equal(arr[:2], before[name][:2]) and np.array_equal(arr[5:], before[name][5:])
+        assert np.abs(arr[2:5]).sum() > 0
+
+
+@pytest.mark.parametrize("kv_update", ["rows", "scatter"])
 def test_reference_backend_agrees(tmp_path, kv_update):
     """The numpy oracle runs the same graph (fewer tokens: it is slow)."""
     ref = make_hf_model(tmp_path, "qwen2", seed=3, num_hidden_layers=1)

@@ -19,8 +19,9 @@ returns the logits and the updated caches. How the cache is updated (``kv_update
 
 - ``"scatter"``: the graph writes the new rows into the cache with Scatter at rows
   ``pos .. pos+seq-1`` and outputs the whole updated cache; attention reads that output.
-  This is the in-place design; until an executor writes such outputs into the input's
-  buffer, every step copies every cache (costly for long contexts).
+  The cache inputs are donated (``Graph.compile(donate=...)``): the C backend then writes
+  the rows into the caller's arrays in place; a backend that does not copies every cache
+  on every step.
 - ``"rows"`` (default): the graph attends over ``concat(cache[:pos], new rows)`` and outputs
   only the new rows; ``run`` stores them into the cache arrays in place (``seq`` rows per
   cache per call, no copy of the cache).
@@ -166,7 +167,9 @@ class CausalLM(ABC):
         t0 = time.perf_counter()
         g, outputs, specs = self.build(ctx, max_chunk, last_only, kv_update)
         t1 = time.perf_counter()
-        program = g.compile(outputs, backend=backend, **options)
+        # scatter mode donates the caches: a backend that can writes the new rows in place
+        donate = [s.name for s in specs] if kv_update == "scatter" else []
+        program = g.compile(outputs, backend=backend, donate=donate, **options)
         t2 = time.perf_counter()
         return CompiledLM(program, specs, ctx, min(max_chunk, ctx), last_only, self.config.vocab_size, kv_update,
                           build_seconds=t1 - t0, compile_seconds=t2 - t1)
