@@ -149,10 +149,9 @@ class CausalLM(ABC):
         kv = KVAppend(g, specs, seq, pos, kv_update)
         hidden = self.forward(g, tokens, kv)
         if last_only:
-            last = hidden.shrink([(sym.add(seq, -1), seq), None])
-            # padded to two rows: the C backend's quantized-matmul pattern misses a static
-            # single row today, and decoding a 49k x 576 matrix per token costs 30x more
-            logits = self.lm_head(g, last.pad([(0, 1), None]).contiguous())[0:1]
+            # a dense row, so the LM head reads it like any activation (and a quantized matmul
+            # kernel can take it)
+            logits = self.lm_head(g, hidden.shrink([(sym.add(seq, -1), seq), None]).contiguous())
         else:
             logits = self.lm_head(g, hidden)
         missing = [s.name for s in specs if s.name not in kv.outputs]
