@@ -305,9 +305,13 @@ class Tensor:
                     return self.flip(axis)[idx[:pos] + (slice(None, None, -step),) + idx[pos + 1:]]
                 b = 0 if i.start is None else _norm_index(i.start, size, True)
                 e = size if i.stop is None else _norm_index(i.stop, size, True)
-                b = sym.smin(b, size) if not sym.is_const(size) or not sym.is_const(b) else min(int(b), int(size))
-                e = sym.smax(sym.smin(e, size), b) if not (sym.is_const(size) and sym.is_const(e) and sym.is_const(b)) \
-                    else max(min(int(e), int(size)), int(b))
+                # an omitted bound is exact (0 or the size): clamping it could only loosen what the
+                # symbolic bounds can prove (a ':' over a size like s0 - min(s1, s0) failed to slice)
+                if i.start is not None:
+                    b = sym.smin(b, size) if not sym.is_const(size) or not sym.is_const(b) else min(int(b), int(size))
+                if i.stop is not None:
+                    e = sym.smax(sym.smin(e, size), b) if not (sym.is_const(size) and sym.is_const(e)
+                                                               and sym.is_const(b)) else max(min(int(e), int(size)), int(b))
                 ranges.append((b, e))
                 length = sym.add(e, sym.mul(b, -1))
                 if step != 1:
