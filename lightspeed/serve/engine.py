@@ -1,0 +1,261 @@
+"""The scheduler: one thread that owns the model and runs every native call.
+
+Each turn of its loop:
+
+1. drops cancelled sequences (a client that went away frees its slot before the next step);
+2. runs queued jobs (embeddings) — native programs share one thread pool, so they never run
+   concurrently with a step;
+3. admits waiting sequences into free slots and runs ONE prefill chunk (at most ``max_chunk``
+   tokens) of the oldest admitted prompt, so a long prompt delays the others by one chunk per step;
+4. runs one batched decode step over every decoding sequence (``stepper.run``): a new sequence
+   joins the batch once its prompt is prefilled, a finished one leaves.
+
+Slots stay packed: decoding sequences hold slots ``0 .. D-1`` (row ``b`` of a step is slot
+``b``) and the one being prefilled holds slot ``D``. When a sequence leaves, the sequence in the
+highest slot moves into the hole (``stepper.move_slot`` copies its cache rows).
+
+Steppers: ``BatchedStep`` (lightspeed.serve.batched) for model families with a batched forward;
+``SequentialStepper`` (one single-sequence call per sequence per step) for the others.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+import traceback
+from typing import Callable
+
+import numpy as np
+
+from .sequence import Sequence
+
+
+class QueueFullError(Exception):
+    """Too many requests are waiting for a slot."""
+
+
+class EngineStoppedError(Exception):
+    """The engine is shutting down and takes no new work."""
+
+
+class SequentialStepper:
+    """The batched-step interface over the single-sequence program: one call per sequence per step
+    (for model families without a batched forward)."""
+
+    def __init__(self, step, max_batch: int):
+        self.step, self.max_batch, self.ctx = step, max_batch, step.ctx
+        self.slots = [step.new_caches() for _ in range(max_batch)]
+
+    def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
+        return self.slots[slot]
+
+    def move_slot(self, src: int, dst: int, rows: int) -> None:
+        self.slots[src], self.slots[dst] = self.slots[dst], self.slots[src]
+
+    def run(self, tokens, positions) -> np.ndarray:
+        rows = [self.step.run([int(t)], int(p), self.slots[b])[0][-1] for b, (t, p) in enumerate(zip(tokens, positions))]
+        return np.stack(rows)
+
+
+class Engine:
+    """Runs sequences on ``step`` (the single-sequence program, for prefill) and ``stepper`` (decode)."""
+
+    def __init__(self, step, stepper, max_queue: int = 64):
+        if getattr(step, "kv_update", "rows") != "rows":
+            raise ValueError("the engine prefills into slot views, which needs kv_update='rows'")
+        self.step, self.stepper = step, stepper
+        self.ctx, self.max_batch, self.max_queue = stepper.ctx, stepper.max_batch, max_queue
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.slots: list[Sequence] = []  # packed: slots[i].slot == i
+        self.jobs: collections.deque[tuple[Callable, concurrent.futures.Future]] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.decoded_tokens = 0
+        self.prefilled_tokens = 0
+        self.step_seconds = 0.0
+
+    # any thread --------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lightspeed-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def accepting(self) -> bool:
+        return not self._stopping
+
+    def submit(self, seq: Sequence) -> None:
+        """Queue ``seq``; QueueFullError when ``max_queue`` requests are already waiting."""
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError("the server is shutting down")
+            free = self.max_batch - len(self.slots)
+            if len(self.waiting) - free >= self.max_queue:
+                raise QueueFullError(f"{len(self.waiting)} requests are waiting for one of {self.max_batch} slots")
+            self.waiting.append(seq)
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
+        """Run ``fn`` on the engine thread between steps; its result or exception comes in the future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError("the server is shutting down")
+            self.jobs.append((fn, fut))
+            self._cond.notify()
+        return fut
+
+    def wake(self) -> None:
+        """Look at cancellations now (a sequence's consumer went away)."""
+        with self._cond:
+            self._cond.notify()
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {"active": len(self.slots), "waiting": len(self.waiting), "max_batch": self.max_batch,
+                    "steps": self.steps, "decoded_tokens": self.decoded_tokens,
+                    "prefilled_tokens": self.prefilled_tokens}
+
+    def drain(self) -> None:
+        """Take no new work from now on; what runs and waits goes on."""
+        with self._cond:
+            self._stopping = True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Take no new work; let running and queued sequences finish for up to ``timeout`` seconds,
+        then end the rest with an error and stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cond:
+                if not self.slots and not self.waiting and not self.jobs:
+                    break
+            time.sleep(0.02)
+        with self._cond:
+            self._halt = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+
+    # the engine thread -------------------------------------------------------------------------------
+    _halt = False
+
+    def _has_work(self) -> bool:
+        return bool(self.slots or self.waiting or self.jobs or self._halt)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._has_work():
+                    self._cond.wait()
+                if self._halt:
+                    break
+            try:
+                self._turn()
+            except Exception as e:  # a failed step ends the sequences it ran; the server keeps serving
+                message = f"internal error: {type(e).__name__}: {e}"
+                traceback.print_exc()
+                for seq in list(self.slots):
+                    seq.fail(message)
+                self.slots.clear()
+        leftover = list(self.slots) + list(self.waiting)
+        self.slots.clear()
+        self.waiting.clear()
+        for seq in leftover:
+            seq.fail("the server shut down before the request finished")
+        while self.jobs:
+            _, fut = self.jobs.popleft()
+            fut.set_exception(EngineStoppedError("the server shut down"))
+
+    def _turn(self) -> None:
+        self._drop_cancelled()
+        self._run_jobs()
+        self._prefill()
+        self._decode()
+
+    def _drop_cancelled(self) -> None:
+        with self._cond:
+            if any(s.cancelled for s in self.waiting):
+                self.waiting = collections.deque(s for s in self.waiting if not s.cancelled)
+        gone = [s for s in self.slots if s.cancelled]
+        for seq in gone:
+            seq.finish_reason = seq.finish_reason or "cancelled"
+        if gone:
+            self._release(gone)
+
+    def _run_jobs(self) -> None:
+        while True:
+            with self._cond:
+                if not self.jobs:
+                    return
+                fn, fut = self.jobs.popleft()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # reported to the caller
+                    fut.set_exception(e)
+
+    def _prefill(self) -> None:
+        """Admit a waiting sequence when a slot is free and nothing is mid-prefill; run one chunk."""
+        filling = self.slots[-1] if self.slots and self.slots[-1].next_token is None else None
+        if filling is None and len(self.slots) < self.max_batch:
+            with self._cond:
+                seq = self.waiting.popleft() if self.waiting else None
+            if seq is not None:
+                seq.slot, seq.pos = len(self.slots), 0
+                self.slots.append(seq)
+                filling = seq
+        if filling is None:
+            return
+        chunk = filling.prefill_left[:self.step.max_chunk]
+        logits, _ = self.step.run(chunk, filling.pos, self.stepper.slot_caches(filling.slot))
+        filling.pos += len(chunk)
+        self.prefilled_tokens += len(chunk)
+        if not filling.prefill_left and not filling.accept(logits[-1], self.ctx):
+            self._release([filling])
+
+    def _decode(self) -> None:
+        batch = [s for s in self.slots if s.next_token is not None]
+        if not batch:
+            return
+        # packed slots: the decoding sequences are slots 0 .. len(batch)-1 (the prefilling one comes after)
+        assert all(s.slot == b for b, s in enumerate(batch)), "slots are not packed"
+        t0 = time.perf_counter()
+        logits = self.stepper.run([s.next_token for s in batch], [s.pos for s in batch])
+        self.step_seconds += time.perf_counter() - t0
+        self.steps += 1
+        self.decoded_tokens += len(batch)
+        done = []
+        for b, seq in enumerate(batch):
+            seq.pos += 1
+            if not seq.accept(logits[b], self.ctx):
+                done.append(seq)
+        if done:
+            self._release(done)
+
+    def _release(self, gone: list[Sequence]) -> None:
+        """Remove finished or cancelled sequences and pack the slots again."""
+        gone_ids = {id(s) for s in gone}
+        for seq in gone:
+            seq.slot = None
+        decoding = [s for s in self.slots if id(s) not in gone_ids and s.next_token is not None]
+        filling = [s for s in self.slots if id(s) not in gone_ids and s.next_token is None]
+        n = len(decoding)
+        # the fewest moves: decoding sequences above the new top fill the holes below it, then the
+        # sequence being prefilled (if any) moves down to just above them
+        holes = sorted(set(range(n)) - {s.slot for s in decoding})
+        for seq in [s for s in decoding if s.slot >= n]:
+            self._move(seq, holes.pop(0))
+        for k, seq in enumerate(filling):
+            self._move(seq, n + k)
+        with self._cond:
+            self.slots = sorted(decoding, key=lambda s: s.slot) + filling
+
+    def _move(self, seq: Sequence, slot: int) -> None:
+        if seq.slot != slot:
+            self.stepper.move_slot(seq.slot, slot, seq.pos)
+            seq.slot = slot

@@ -1,0 +1,217 @@
+"""The OpenAI request bodies the server accepts, and the error JSON it answers with.
+
+Requests are validated strictly: wrong types are not coerced (``"5"`` is not a number), fields
+the OpenAI API does not define are rejected, as OpenAI rejects them, and fields it defines that
+this server cannot honour (``n > 1``, ``logprobs``, tools...) are rejected by name rather than
+silently ignored. A few common extensions are accepted: ``top_k``, ``min_p``,
+``repetition_penalty``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_STOP_STRINGS = 4      # as OpenAI
+MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS = 1024
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# the body as JSON ------------------------------------------------------------------------------------
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _check_strings(x: Any, depth: int = 0) -> None:
+    """Reject strings holding unpaired surrogates (``"\\ud800"`` parses, but is not text)."""
+    if isinstance(x, str):
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "the request body holds an unpaired UTF-16 surrogate escape (not valid Unicode text)",
+                           code="invalid_unicode") from None
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            _check_strings(k, depth + 1)
+            _check_strings(v, depth + 1)
+    elif isinstance(x, list):
+        for v in x:
+            _check_strings(v, depth + 1)
+
+
+def parse_json_body(raw: bytes) -> dict:
+    """The request body as a JSON object; APIError(400) when it is not UTF-8, not JSON or not an object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {e.start})", code="invalid_encoding") from None
+    if not text.strip():
+        raise APIError(400, "the request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise APIError(400, "the request body is nested too deeply", code="invalid_json") from None
+    except ValueError as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    _check_strings(body)
+    return body
+
+
+def validate(model: type[BaseModel], body: dict) -> Any:
+    """``body`` validated as ``model``; APIError(422) naming the first bad field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            message = f"unrecognized request argument supplied: {param}"
+        elif kind == "missing":
+            message = f"missing required field: {param}"
+        else:
+            message = f"invalid value for {param}: {err['msg']}"
+        raise APIError(422, message, param=param, code=kind) from None
+
+
+# request bodies --------------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class SamplingFields(_Strict):
+    """What completions and chat completions share."""
+
+    model: str = Field(min_length=1, max_length=256)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(None, max_length=256)
+    # extensions (vLLM and llama.cpp accept the same names)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop strings are limited to {MAX_STOP_CHARS} characters")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        if v is None:
+            return v
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} logit_bias entries")
+        for k, b in v.items():
+            if not k.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
+            if not -100.0 <= b <= 100.0:
+                raise ValueError(f"logit_bias values must lie in [-100, 100], got {b}")
+        return v
+
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    echo: Literal[False] = False
+    best_of: int = Field(1, ge=1, le=1)
+    logprobs: None = None
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("the prompt is empty")
+            if isinstance(v[0], str) and len(v) != 1:
+                raise ValueError("only one prompt per request (send one request per prompt)")
+        return v
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[TextPart]]
+    name: str | None = Field(None, max_length=256)
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: Literal[False] | None = None
+    top_logprobs: None = None
+    response_format: ResponseFormat | None = None
+    tools: None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """Role/content dicts for the chat template (``developer`` is OpenAI's new name for ``system``)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+
+class EmbeddingRequest(_Strict):
+    model: str = Field(min_length=1, max_length=256)
+    input: Union[str, list[str]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = Field(None, max_length=256)
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)

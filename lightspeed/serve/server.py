@@ -1,0 +1,116 @@
+"""Load a model, start the engine and run the HTTP server under uvicorn until SIGTERM/SIGINT.
+
+Shutdown is graceful: on the first SIGTERM (or Ctrl-C) the listening socket closes (new
+connections are refused), requests that reach the engine afterwards get 503, and in-flight
+requests run to the end for up to ``shutdown_timeout`` seconds; then the engine stops.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+from .engine import Engine, SequentialStepper
+
+
+@dataclass
+class ServeOptions:
+    model: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    quant: str | None = None
+    max_batch: int = 8
+    context: int | None = None
+    api_key: str | None = None
+    max_queue: int = 64
+    max_body_bytes: int = 1 << 20
+    embed_model: str | None = None       # a BERT folder, or "default" for all-MiniLM-L6-v2
+    name: str | None = None              # the model id clients use (default: the file or folder name)
+    shutdown_timeout: float = 30.0
+    log_level: str = "warning"
+    backend: str = "c"
+
+
+def model_name(path: str) -> str:
+    """A model id from a path: the file name without ``.gguf``, or the folder name (its parent's
+    when the folder is just called ``model``)."""
+    path = os.path.normpath(path)
+    base = os.path.basename(path)
+    if base == "model":
+        base = os.path.basename(os.path.dirname(path)) or base
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def _log(message: str) -> None:
+    print(f"lightspeed serve: {message}", file=sys.stderr, flush=True)
+
+
+def build_state(opts: ServeOptions):
+    """Load and compile everything; returns the ``ServerState`` (its engine started)."""
+    from ..api import load
+    from .app import ServerState
+    from .batched import BatchedStep, supports
+    if opts.max_batch < 1:
+        raise ValueError(f"--max-batch must be >= 1, got {opts.max_batch}")
+    t0 = time.perf_counter()
+    model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False)
+    _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
+    if supports(model.lm):
+        t0 = time.perf_counter()
+        stepper = BatchedStep(model.lm, model.step.ctx, opts.max_batch, backend=opts.backend)
+        _log(f"compiled the batched step (up to {opts.max_batch} sequences) in {time.perf_counter() - t0:.1f} s")
+    else:
+        stepper = SequentialStepper(model.step, opts.max_batch)
+        _log(f"{type(model.lm).__name__} has no batched step: sequences decode one call each")
+    embedder, embed_id = None, None
+    if opts.embed_model:
+        from ..embed import default_embedder_path, load_embedder
+        path = default_embedder_path() if opts.embed_model == "default" else opts.embed_model
+        embedder = load_embedder(path, backend=opts.backend)
+        embed_id = "all-MiniLM-L6-v2" if opts.embed_model == "default" else model_name(path)
+        _log(f"embedding model {embed_id} ({embedder.dim} dimensions)")
+    engine = Engine(model.step, stepper, max_queue=opts.max_queue)
+    engine.start()
+    return ServerState(model=model, model_id=opts.name or model_name(model.path), engine=engine,
+                       embedder=embedder, embed_id=embed_id, api_key=opts.api_key,
+                       max_body_bytes=opts.max_body_bytes)
+
+
+def serve(opts: ServeOptions) -> int:
+    """Run the server until it is told to stop; the exit code."""
+    import uvicorn
+    from .app import create_app
+
+    state = build_state(opts)
+    engine = state.engine
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, which also tells the engine to refuse new work on the first signal."""
+
+        def handle_exit(self, sig, frame) -> None:
+            engine.drain()
+            super().handle_exit(sig, frame)
+
+    family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((opts.host, opts.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    host, port = sock.getsockname()[:2]
+    config = uvicorn.Config(create_app(state), log_level=opts.log_level, access_log=False,
+                            timeout_graceful_shutdown=max(int(opts.shutdown_timeout), 1), lifespan="off")
+    server = DrainingServer(config)
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    auth = " (API key required)" if opts.api_key else ""
+    _log(f"serving {state.model_id} on http://{shown}:{port}/v1{auth}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.stop(timeout=opts.shutdown_timeout)
+        sock.close()
+    _log("stopped")
+    return 0
+
