@@ -46,16 +46,27 @@ class CBackend:
     only the portable C paths of the kernels, not the ones for CPU features such as AVX-512),
     ``int8_activations`` (quantized matmuls quantize their activations to int8 per block of 32, as GGUF's
     Q8_0 dot products do: about 2x faster, with ~0.5% relative error in each product; the default keeps
-    them float32, which reproduces a float reference such as transformers token for token)."""
+    them float32, which reproduces a float reference such as transformers token for token), ``search``
+    (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
+    and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
+    (dimension values to tune at)."""
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
                  templates: bool = True, profile: bool = False, portable: bool = False,
-                 int8_activations: bool = False):
+                 int8_activations: bool = False, search: int = 0, search_budget_s: float | None = None,
+                 search_dims: dict | None = None):
         t0 = time.perf_counter()
         self.program = program
         self.plan = form_kernels(program, use_templates=templates, int8_activations=int8_activations)
         self.profile = profile
-        self.source = ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(self.plan, profile=profile)
+        schedule, self.search_report = None, None
+        if search:  # --- search hook (lightspeed/search): graph rewrites, then measured kernel schedules
+            from ...search.driver import search_compile
+            self.plan, schedule, self.search_report = search_compile(
+                program, self.plan, search, search_budget_s, cc=cc, flags=flags, dims=search_dims,
+                form_options=dict(use_templates=templates, int8_activations=int8_activations))
+        self.source = ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(self.plan, profile=profile,
+                                                                                   schedule=schedule)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library
         self.library_path = compile_shared(self.source, flags if flags is not None else default_flags(),
                                            cc or find_compiler())

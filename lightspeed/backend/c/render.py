@@ -7,6 +7,7 @@ under a validity guard (padding) is never evaluated out of bounds.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -477,19 +478,22 @@ class KernelRenderer:
         return out
 
 
-def render_plan(plan: KernelPlan, profile: bool = False) -> str:
+def render_plan(plan: KernelPlan, profile: bool = False, schedule=None) -> str:
     """The complete C source of a plan.
 
     Kernels that render to the same text (the same computation on different buffers, e.g. every
     layer of a model) share one function and one launcher; ``ls_graph`` walks a static table of
     steps (launcher + buffer pointers), which keeps the source, and the compile, small. With
-    ``profile``, ``ls_graph`` also accumulates the nanoseconds of step ``k`` in ``ls_profile_ns[k]``."""
+    ``profile``, ``ls_graph`` also accumulates the nanoseconds of step ``k`` in ``ls_profile_ns[k]``.
+    ``schedule`` (search hook) maps a kernel to a context manager under which it is rendered, e.g. one
+    that overrides TILE and ROW_BLOCK for it (lightspeed/search/knobs.py)."""
     r = KernelRenderer(plan)
     dims = "".join(f"const int64_t D_{v.name} = a->dims[{i}]; (void)D_{v.name}; " for i, v in enumerate(plan.dims))
     functions: dict[tuple[str, str], str] = {}  # (body, launch) -> name
     steps = []
     for k in plan.kernels:
-        f, c = r.kernel(k)
+        with schedule(k) if schedule is not None else contextlib.nullcontext():  # --- search hook
+            f, c = r.kernel(k)
         name = functions.setdefault((f, c), f"kfn{len(functions)}")
         ptrs = [b.slot if b.kind != "temp" else -1 - b.offset for b in r.kernel_buffers(k)]
         steps.append((name, ptrs, k.name))

@@ -1,0 +1,77 @@
+"""Run a compiled candidate of a kernel plan on real buffers: outputs for the reference check and, when
+the library was rendered with ``profile=True``, the time of every kernel."""
+from __future__ import annotations
+
+import time
+
+import cffi
+import numpy as np
+
+from .. import symbolic as sym
+from ..kernel.fusion import KernelPlan
+
+_FFI = cffi.FFI()
+_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];")
+
+
+class PlanRunner:
+    """A loaded shared object for ``plan`` with its buffers bound for one set of inputs and dimensions."""
+
+    def __init__(self, plan: KernelPlan, library_path, inputs: dict[str, np.ndarray], env: dict[str, int],
+                 profile: bool):
+        self.plan = plan
+        self.lib = _FFI.dlopen(str(library_path))
+        self.profile = _FFI.cast("int64_t *", _FFI.addressof(self.lib, "ls_profile_ns")) if profile else None
+        self.env = dict(env)
+        self._inputs = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+        self._work = {k: v.copy() for k, v in self._inputs.items()}  # in-place kernels may write inputs
+        slots = len(plan.inputs) + len(plan.consts) + len({id(b) for b in plan.outputs})
+        self.ptrs = _FFI.new("void *[]", max(slots, 1))
+        self._keep = []
+        for b in plan.inputs:
+            self.ptrs[b.slot] = _FFI.from_buffer(self._work[b.name])
+        for b, c in plan.consts:
+            self.ptrs[b.slot] = _FFI.from_buffer(c.array)
+        self.outs: list[np.ndarray] = []
+        made: dict[int, np.ndarray] = {}
+        for b in plan.outputs:
+            if b.kind == "input":
+                self.outs.append(self._work[b.name])
+                continue
+            if id(b) not in made:
+                shape = tuple(int(sym.evaluate(d, env)) for d in b.shape)
+                made[id(b)] = np.zeros(shape, dtype=b.dtype.np)
+                self.ptrs[b.slot] = _FFI.from_buffer(made[id(b)])
+            self.outs.append(made[id(b)])
+        self.dims = _FFI.new("int64_t[]", max(len(plan.dims), 1))
+        for i, v in enumerate(plan.dims):
+            self.dims[i] = env[v.name]
+        self._arena = np.zeros(plan.arena_bytes + 64, dtype=np.uint8)
+        self.arena = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)
+
+    def outputs(self) -> list[np.ndarray]:
+        """One run from fresh inputs; copies of the outputs."""
+        for k, v in self._inputs.items():
+            np.copyto(self._work[k], v)
+        self.lib.ls_graph(self.ptrs, self.dims, self.arena)
+        return [o.copy() for o in self.outs]
+
+    def time(self, min_seconds: float = 0.05, max_runs: int = 20) -> tuple[float, list[float]]:
+        """(best seconds of a whole run, best seconds of each kernel) over repeated runs."""
+        n = len(self.plan.kernels)
+        best_total, best = float("inf"), [float("inf")] * n
+        self.lib.ls_graph(self.ptrs, self.dims, self.arena)  # warm caches and the thread pool
+        start = time.perf_counter()
+        for run in range(max_runs):
+            if self.profile is not None:
+                for i in range(n):
+                    self.profile[i] = 0
+            t0 = time.perf_counter()
+            self.lib.ls_graph(self.ptrs, self.dims, self.arena)
+            best_total = min(best_total, time.perf_counter() - t0)
+            if self.profile is not None:
+                for i in range(n):
+                    best[i] = min(best[i], self.profile[i] / 1e9)
+            if run >= 2 and time.perf_counter() - start >= min_seconds:
+                break
+        return best_total, best

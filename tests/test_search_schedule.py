@@ -1,0 +1,121 @@
+"""Kernel-level schedule search: knobs, candidates checked against the reference, the time budget, the
+tuning cache, and ``graph.compile(..., backend="c", search=...)``."""
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+import lightspeed as ls
+from lightspeed.backend.c import render as c_render
+from lightspeed.graph import Program
+from lightspeed.kernel import form_kernels
+from lightspeed.search import knobs as K
+from lightspeed.search import schedule as S
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path))
+
+
+def matmul_softmax(n: int = 96):
+    g = ls.Graph()
+    x = g.input("x", (n, n))
+    w = g.input("w", (n, n))
+    return g, [(x @ w).softmax(-1) * 2.0]
+
+
+def test_override_restores_and_rejects_unknown_knobs():
+    before = K.defaults()
+    with K.override({"TILE": 32, "ATTENTION_KEYS": 128}):
+        assert c_render.TILE == 32
+        with K.override({"TILE": 8}):
+            assert c_render.TILE == 8
+        assert c_render.TILE == 32
+    assert K.defaults() == before
+    with pytest.raises(ValueError, match="unknown schedule knobs"):
+        with K.override({"TILES": 4}):
+            pass
+
+
+def test_knobs_change_the_rendered_kernel_only_where_they_apply():
+    g, outs = matmul_softmax()
+    plan = form_kernels(Program.build(g, outs))
+    base = c_render.render_plan(plan)
+    tiled = [k for k in plan.kernels if k.schedule == "tiled"]
+    assert tiled, [k.schedule for k in plan.kernels]
+    other = c_render.render_plan(plan, schedule=K.per_kernel({tiled[0].name: {"TILE": 32, "ROW_BLOCK": 2}}))
+    assert other != base
+    # knobs of another kind of kernel change nothing here
+    assert c_render.render_plan(plan, schedule=K.uniform({"ATTENTION_ROWS": 8})) == base
+
+
+def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
+    """One search: a deliberately broken candidate is rejected and never chosen, the result agrees with
+    the reference, the tuning cache answers a second search at once, and a tiny budget holds."""
+    g, outs = matmul_softmax()
+    program = Program.build(g, outs)
+    plan = form_kernels(program)
+    broken = {"TILE": 32, "ROW_BLOCK": 4}
+    monkeypatch.setattr(K, "QUICK", [{"TILE": 8, "ROW_BLOCK": 6}, broken])
+    real_render = S.render_plan
+
+    tiled = next(k for k in plan.kernels if k.schedule == "tiled")
+
+    def render(plan_, profile=False, schedule=None):
+        src = real_render(plan_, profile=profile, schedule=schedule)
+        if schedule is not None:
+            with schedule(tiled):
+                is_broken = c_render.TILE == 32  # rendering under the broken candidate's knobs
+            if is_broken:
+                src = re.sub(r"(acc\[\w+\]\[jj\]) \+= \(", r"\1 -= (", src)  # wrong sums
+                assert "-= (" in src
+        return src
+    monkeypatch.setattr(S, "render_plan", render)
+    res = S.tune_schedule(program, plan, level=1, budget_s=60, progress=False)
+    assert res.tried == 3 and res.rejected == 1, res
+    assert all(c.get("TILE") != 32 for c in res.choice.values())
+    assert res.default_seconds is not None and res.default_seconds > 0
+    # the chosen schedule as the C backend renders it agrees with the reference
+    monkeypatch.setattr(S, "render_plan", real_render)
+    prog = g.compile(outs, backend="c")
+    x, w = (np.random.default_rng(k).standard_normal((96, 96)).astype(np.float32) for k in range(2))
+    ref = g.compile(outs, backend="reference")(x=x, w=w)[0]
+    tuned_src = c_render.render_plan(plan, schedule=res.schedule())
+    assert "-= (" not in tuned_src
+    np.testing.assert_allclose(prog(x=x, w=w)[0], ref, rtol=1e-4, atol=1e-6)
+    # a second search finds every kernel in the tuning cache
+    t0 = time.perf_counter()
+    again = S.tune_schedule(program, plan, level=1, budget_s=60, progress=False)
+    assert again.stopped_by == "cached" and again.choice == res.choice
+    assert time.perf_counter() - t0 < 2.0
+    # other dimension values or a tiny budget: a fresh search, which stops at the budget
+    t0 = time.perf_counter()
+    short = S.tune_schedule(program, plan, level=2, budget_s=0.3, progress=False, use_cache=False)
+    assert short.stopped_by == "budget" and not short.choice
+    assert time.perf_counter() - t0 < 5.0  # the reference run and the first compile may overrun a little
+
+
+def test_compile_with_search_option():
+    """The public API: ``g.compile(..., backend="c", search=1, search_budget_s=...)``, with symbolic dims
+    tuned at given values; the result agrees with the reference at other values too."""
+    seq = ls.dim("seq", 1, 512)
+    g = ls.Graph()
+    x = g.input("x", (seq, 64))
+    w = g.input("w", (64, 48))
+    y = (x @ w + 0.0).softmax(-1)  # "+ 0.0" is removed by the exact rewrites of level 1
+    prog = g.compile([y], backend="c", search=1, search_budget_s=40, search_dims={"seq": 64})
+    report = prog.executor.search_report
+    assert report.graph == "rewrite" and report.rewrites.get("add-zero") == 1
+    assert report.schedule.env == {"seq": 64}
+    assert report.seconds < 40 + 5
+    ref = g.compile([y], backend="reference")
+    for n in (1, 7, 100):
+        xs = np.random.default_rng(n).standard_normal((n, 64)).astype(np.float32)
+        ws = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+        np.testing.assert_allclose(prog(x=xs, w=ws)[0], ref(x=xs, w=ws)[0], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="search level"):
+        g.compile([y], backend="c", search=3)
