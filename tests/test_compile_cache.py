@@ -47,7 +47,8 @@ SCRIPT = textwrap.dedent("""
     h = (x @ w).silu()
     outs = [h.softmax(-1), h.sum(0), x.T.contiguous()]
     go = os.environ.get("LS_TEST_GO")
-    if go:  # start together with the other process
+    if go:  # say we are ready, then start together with the other process
+        open(f"{go}.ready.{os.getpid()}", "w").close()
         deadline = time.time() + 60
         while not os.path.exists(go) and time.time() < deadline:
             time.sleep(0.001)
@@ -105,7 +106,10 @@ def test_concurrent_processes_share_one_cache_entry(tmp_path) -> None:
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=_env(cache, LS_TEST_GO=str(go))) for _ in range(2)]
-    time.sleep(1.5)  # both have imported lightspeed and built the graph by now (they wait up to 60 s)
+    deadline = time.time() + 120
+    while len(list(tmp_path.glob("go.ready.*"))) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(list(tmp_path.glob("go.ready.*"))) == 2, "the processes did not get ready"
     go.touch()
     results = []
     for p in procs:
