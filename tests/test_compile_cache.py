@@ -117,6 +117,9 @@ def test_concurrent_processes_share_one_cache_entry(tmp_path) -> None:
         assert p.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert all(r["ok"] for r in results)
+    # both found the cache empty and compiled the graph themselves: the race really happened
+    graph_key = Path(results[0]["library"]).stem
+    assert all(any(Path(c).name.startswith(f".{graph_key}.") for c in r["compiles"]) for r in results), results
     assert results[0]["library"] == results[1]["library"]
     assert Path(results[0]["library"]).name in _shared_objects(cache)
     assert len(_shared_objects(cache)) == 2, _shared_objects(cache)  # the graph once, the runtime once
