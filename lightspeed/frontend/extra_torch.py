@@ -13,7 +13,7 @@ import math
 from .. import dtypes as dt
 from .. import symbolic as sym
 from ..tensor import Tensor, _norm_axis
-from .elementwise import _float, exp, log, logical_not, logical_or, sqrt, where
+from .elementwise import exp, log, logical_not, logical_or, sqrt, where
 
 INF = float("inf")
 # below 2**23 a float32 may have a fraction; at or above it every float32 is an integer
@@ -261,6 +261,64 @@ def atanh(x: Tensor) -> Tensor:
     return out.cast(x.dtype) if x.dtype.is_float else out
 
 
+def erfinv(x: Tensor) -> Tensor:
+    """Inverse error function: a closed-form first guess (Winitzki's, a = 0.147) refined by
+    three Newton steps on erf(y) = x. NaN outside [-1, 1], +-inf at +-1."""
+    from .elementwise import erf
+    f = _f32(x)
+    a = 0.147
+    ln = log((1.0 - f) * (1.0 + f))
+    t = 2.0 / (math.pi * a) + ln * 0.5
+    y = sqrt(sqrt(t * t - ln * (1.0 / a)) - t)
+    y = where(f < 0.0, -y, y)
+    for _ in range(3):
+        # erf'(y) = 2/sqrt(pi) * exp(-y^2)
+        y = y - (erf(y) - f) / (exp(-(y * y)) * (2.0 / math.sqrt(math.pi)))
+    edge = f.abs().eq(1.0)
+    out = where(edge, where(f > 0.0, INF, -INF), y)
+    out = where((f.abs() > 1.0) | isnan(f), float("nan"), out)
+    return out.cast(x.dtype) if x.dtype.is_float else out
+
+
+# sliding windows ---------------------------------------------------------------------
+
+def strided_slice(x: Tensor, axis: int, start: int, count: sym.sint, step: int) -> Tensor:
+    """x[start : start + count*step : step] along ``axis`` as a view; ``count`` may be symbolic.
+    The axis is padded (a view: nothing is allocated) so that the last block always fits; for a
+    symbolic length the padding also covers the length's range, which lets the bounds prover see
+    that the block fits without reasoning about the floor division inside ``count``."""
+    axis = _norm_axis(axis, x.ndim, "strided_slice")
+    n = sym.to_expr(x.shape[axis])
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (0, step + (n.hi - n.lo if not sym.is_const(n) else 0))
+    t = x.pad(pads)
+    keep = [None] * x.ndim
+    keep[axis] = (start, sym.add(start, sym.mul(count, step)))
+    t = t.shrink(keep)
+    t = t.reshape(t.shape[:axis] + (count, step) + t.shape[axis + 1:])
+    pick = [None] * t.ndim
+    pick[axis + 1] = (0, 1)
+    t = t.shrink(pick)
+    return t.reshape(t.shape[:axis + 1] + t.shape[axis + 2:])
+
+
+def windows(x: Tensor, axis: int, kernel: int, stride: int = 1, dilation: int = 1) -> Tensor:
+    """Sliding windows like ``frontend.unfold`` (axis -> [Lout, kernel]); also for a symbolic
+    length with stride > 1, where the windows are ``kernel`` strided slices stacked together."""
+    from .conv import unfold
+    from .combine import stack
+    axis = _norm_axis(axis, x.ndim, "windows")
+    length = x.shape[axis]
+    if sym.is_const(length) or stride == 1:
+        return unfold(x, axis, kernel, stride, dilation)
+    span = dilation * (kernel - 1) + 1
+    if not sym.proven_ge(length, span):
+        raise ValueError(f"windows: axis {axis} (length {length}) may be shorter than the window span {span}")
+    count = sym.add(sym.floordiv(sym.add(length, -span), stride), 1)
+    taps = [strided_slice(x, axis, j * dilation, count, stride) for j in range(kernel)]
+    return stack(taps, axis + 1)
+
+
 # reductions ------------------------------------------------------------------------
 
 def prod(x: Tensor, axis: int, keepdim: bool = False) -> Tensor:
@@ -300,4 +358,4 @@ def any_true(x: Tensor, axis) -> Tensor:
 
 __all__ = ["isnan", "isinf", "isfinite", "eq_ieee", "maximum_nan", "minimum_nan", "trunc", "floor", "ceil",
            "round_half_even", "expm1", "log1p", "atan", "atan2", "asin", "acos", "tan", "sinh", "cosh", "asinh",
-           "acosh", "atanh", "prod", "any_true"]
+           "acosh", "atanh", "erfinv", "strided_slice", "windows", "prod", "any_true"]

@@ -27,7 +27,7 @@ from . import lowering  # noqa: F401  (fills the table)
 from .errors import Problem
 from .lowering.registry import LOWERINGS, LoweringContext, Unsupported
 from .symbols import SymbolTable, UnsupportedSymbolicExpr
-from .tensors import is_supported_dtype, ls_dtype
+from .tensors import CARRIED_AS, carrier_dtype, is_supported_dtype, ls_dtype
 
 
 class LoweringError(RuntimeError):
@@ -90,6 +90,8 @@ SYMBOLIC_OPS: dict[Any, Any] = {
     torch.sym_max: sym.smax,
     torch.sym_min: sym.smin,
 }
+# casts: the only ops that may touch float64 values (carried as float32, see tensors.CARRIED_AS)
+CASTS = {torch.ops.prims.convert_element_type.default, torch.ops.aten._to_copy.default}
 # checks PyTorch inserts for dynamic shapes: they hold by construction of the guards
 NO_OPS = {"aten._assert_scalar.default", "aten.sym_constrain_range_for_size.default",
           "aten._assert_tensor_metadata.default", "aten.sym_constrain_range.default"}
@@ -131,7 +133,7 @@ class FxLowering:
     def _placeholder(self, node: torch.fx.Node, k: int) -> None:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            if not is_supported_dtype(val.dtype) or val.device.type != "cpu":
+            if not (is_supported_dtype(val.dtype) or val.dtype in CARRIED_AS) or val.device.type != "cpu":
                 self.env[node] = _Unavailable(f"input {node.name} has dtype {val.dtype} on {val.device}")
                 return
             try:
@@ -140,7 +142,7 @@ class FxLowering:
                 self.env[node] = _Unavailable(str(e))
                 return
             name = f"in{k}"
-            self.env[node] = self.graph.input(name, shape, ls_dtype(val.dtype))
+            self.env[node] = self.graph.input(name, shape, carrier_dtype(val.dtype))
             self.inputs.append(InputSpec(name, k))
             for axis, s in enumerate(shape):
                 if isinstance(s, sym.Var) and s.name not in self.dim_sources:
@@ -166,8 +168,11 @@ class FxLowering:
         if not isinstance(obj, torch.Tensor) or not is_supported_dtype(obj.dtype):
             self._fail(node, f"attribute {node.target} of type {type(obj).__name__}")
             return
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
         from .tensors import to_numpy
-        arr = to_numpy(obj).copy()  # a constant folded into the graph: PyTorch may free the original
+        with unset_fake_temporarily():  # compilers run under fake mode; this tensor is real
+            arr = to_numpy(obj).copy()  # a constant folded into the graph: PyTorch may free the original
         self.env[node] = self.graph.constant(arr, ls_dtype(obj.dtype)) if arr.ndim else \
             self.graph.constant(arr.reshape(1), ls_dtype(obj.dtype)).reshape(())
 
@@ -191,6 +196,10 @@ class FxLowering:
         for a in node.all_input_nodes:
             vals += _tensors_in(a.meta.get("val"))
         for t in vals:
+            # float64 is carried as float32: through casts, and in 0-d scalar arithmetic (Python
+            # floats dynamo passes as tensors), where it costs at most an ulp of the float32 result
+            if t.dtype in CARRIED_AS and (node.target in CASTS or t.dim() == 0):
+                continue
             if not is_supported_dtype(t.dtype):
                 raise Unsupported(f"dtype {t.dtype} is not supported by Lightspeed")
             if t.device.type != "cpu":
@@ -266,7 +275,7 @@ class FxLowering:
         return value
 
     def _conform_tensor(self, node: torch.fx.Node, value, meta: torch.Tensor) -> Tensor:
-        want_dtype = ls_dtype(meta.dtype)
+        want_dtype = carrier_dtype(meta.dtype)
         if not isinstance(value, Tensor):
             if isinstance(value, (int, float, bool, sym.Expr)):
                 value = LoweringContext(self.graph, node, self.symbols).scalar(value, want_dtype)
@@ -299,6 +308,8 @@ class FxLowering:
                 self.output_plan.append(("unavailable", v.reason))
             elif isinstance(v, Tensor):
                 meta = o.meta.get("val") if isinstance(o, torch.fx.Node) else None
+                if meta is not None and meta.dtype in CARRIED_AS:
+                    self._fail(o, f"a {meta.dtype} graph output (Lightspeed carries {meta.dtype} only between casts)")
                 self.output_plan.append(("tensor", len(self.outputs), meta.dtype if meta is not None else None))
                 self.outputs.append(v)
             elif isinstance(v, sym.Expr):

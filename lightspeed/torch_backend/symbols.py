@@ -40,17 +40,21 @@ def symbol_range(shape_env, s: sympy.Symbol) -> tuple[int, int | None]:
     lo, hi = 0, None
     r = getattr(shape_env, "var_to_range", {}).get(s) if shape_env is not None else None
     if r is not None:
-        try:
-            lo = max(int(r.lower), 0)
-        except (TypeError, ValueError, OverflowError):
-            lo = 0
-        try:
-            hi = int(r.upper)
-            if hi >= (1 << 62):
-                hi = None
-        except (TypeError, ValueError, OverflowError):
+        lo = max(_finite_int(r.lower) or 0, 0)
+        hi = _finite_int(r.upper)
+        if hi is not None and hi >= (1 << 62):
             hi = None
     return lo, hi
+
+
+def _finite_int(v) -> int | None:
+    """``v`` as an int, or None for infinities (sympy's oo, torch's int_oo) and non-numbers."""
+    if getattr(v, "is_finite", True) is False or getattr(v, "is_integer", True) is False:
+        return None
+    try:
+        return int(v)
+    except Exception:  # noqa: BLE001  (int_oo and friends raise a variety of errors)
+        return None
 
 
 def initial_upper_bound(hint: int | None, proven_hi: int | None) -> int:

@@ -23,6 +23,10 @@ TORCH_TO_LS: dict[torch.dtype, dt.DType] = {
     torch.bool: dt.bool_,
 }
 LS_TO_TORCH: dict[dt.DType, torch.dtype] = {v: k for k, v in TORCH_TO_LS.items()}
+# float64 values are carried as float32, and only where that cannot matter: between casts, and
+# in 0-d scalar arithmetic (dynamo turns Python float attributes into 0-d float64 inputs that
+# the graph combines and casts to float32); float64 tensors elsewhere are unsupported
+CARRIED_AS: dict[torch.dtype, dt.DType] = {torch.float64: dt.float32}
 
 
 def ls_dtype(d: torch.dtype) -> dt.DType:
@@ -38,11 +42,18 @@ def is_supported_dtype(d: torch.dtype) -> bool:
     return d in TORCH_TO_LS
 
 
+def carrier_dtype(d: torch.dtype) -> dt.DType:
+    """The Lightspeed dtype that holds values of torch dtype ``d`` (float64 only between casts)."""
+    return CARRIED_AS[d] if d in CARRIED_AS else ls_dtype(d)
+
+
 def to_numpy(t: torch.Tensor) -> np.ndarray:
     """A numpy view of ``t``'s memory (a copy only when ``t`` is not contiguous)."""
     if t.device.type != "cpu":
         raise ValueError(f"Lightspeed's torch backend runs on the CPU; got a tensor on {t.device}")
     t = t.detach()
+    if t.dtype in CARRIED_AS:
+        t = t.to(LS_TO_TORCH[CARRIED_AS[t.dtype]])  # the graph casts it to this type first anyway
     if not t.is_contiguous():
         t = t.contiguous()  # Lightspeed inputs are dense; a strided input costs one copy
     if t.dtype is torch.bfloat16:

@@ -1,5 +1,5 @@
 """aten -> Lightspeed lowerings, one module per family; importing this package fills LOWERINGS."""
-from . import elementwise, indexing, nn, reductions, shapes  # noqa: F401
+from . import conv, elementwise, indexing, nn, reductions, scatter, shapes, sorting  # noqa: F401
 from .registry import LOWERINGS, LoweringContext, Unsupported, lowers
 
 __all__ = ["LOWERINGS", "LoweringContext", "Unsupported", "lowers"]

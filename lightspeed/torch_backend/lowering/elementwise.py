@@ -410,7 +410,26 @@ def isfinite(ctx, x):
 def signbit(ctx, x):
     if not x.dtype.is_float:
         return x < 0
-    raise Unsupported("signbit of floats (the sign of -0.0 is not observable with Lightspeed's primitives)")
+    t = x.cast(dt.float32)
+    # -0.0 is the one negative number that compares equal to 0: its reciprocal is -inf
+    return (t < 0.0) | (X.eq_ieee(t, 0.0) & (t.recip() < 0.0))
+
+
+@lowers(*overloads(aten.ldexp, "Tensor"))
+def ldexp(ctx, x, other):
+    d = float_compute(ctx.out_dtype())
+    return as_tensor(ctx, x, d) * as_tensor(ctx, other, d).exp2()
+
+
+@lowers(*overloads(aten.angle, "default"))
+def angle(ctx, x):
+    t = as_tensor(ctx, x, float_compute(ctx.out_dtype()))
+    return F.where(X.isnan(t), t, F.where(t < 0.0, math.pi, 0.0))
+
+
+@lowers(*overloads(aten.erfinv, "default"))
+def erfinv(ctx, x):
+    return X.erfinv(as_tensor(ctx, x, float_compute(ctx.out_dtype())))
 
 
 # logic -----------------------------------------------------------------------------------

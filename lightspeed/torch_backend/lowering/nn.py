@@ -7,6 +7,7 @@ import torch
 from ... import dtypes as dt
 from ... import frontend as F
 from ... import symbolic as sym
+from ...frontend import extra_torch as X
 from ...tensor import Tensor
 from .elementwise import compute_dtype, float_compute
 from .registry import Unsupported, as_tensor, lowers, overloads
@@ -48,70 +49,6 @@ def _add_scaled(ctx, acc: Tensor, bias, beta, alpha) -> Tensor:
 def addmm(ctx, bias, a, b, *, beta=1, alpha=1):
     x, y = _mm_operands(ctx, a, b)
     return _add_scaled(ctx, F.matmul(x, y), bias, beta, alpha)
-
-
-# convolution ---------------------------------------------------------------------------
-
-def _dilate(x: Tensor, axis: int, stride: int) -> Tensor:
-    """Insert stride-1 zeros between the elements of ``axis`` (a view: pad, reshape, shrink)."""
-    if stride == 1:
-        return x
-    n = x.shape[axis]
-    t = x.unsqueeze(axis + 1)
-    pads = [(0, 0)] * t.ndim
-    pads[axis + 1] = (0, stride - 1)
-    t = t.pad(pads)
-    t = t.reshape(t.shape[:axis] + (sym.mul(n, stride),) + t.shape[axis + 2:])
-    keep = [None] * t.ndim
-    keep[axis] = (0, sym.add(sym.mul(n, stride), -(stride - 1)))
-    return t.shrink(keep)
-
-
-def _conv_transposed(x, w, bias, stride, padding, dilation, output_padding, groups, nd):
-    # a transposed convolution is a plain one over the input dilated by `stride`, with the
-    # kernel flipped and its in/out channel axes swapped (per group)
-    cin = static(w.shape[0], "conv_transpose")
-    cout_g = static(w.shape[1], "conv_transpose")
-    ks = [static(k, "conv_transpose") for k in w.shape[2:]]
-    wt = w.reshape((groups, cin // groups, cout_g) + tuple(ks)).transpose(1, 2)
-    wt = wt.reshape((groups * cout_g, cin // groups) + tuple(ks)).flip(tuple(range(2, 2 + nd)))
-    t = x
-    for d in range(nd):
-        t = _dilate(t, t.ndim - nd + d, stride[d])
-    pads = []
-    for d in range(nd):
-        full = dilation[d] * (ks[d] - 1)
-        pads.append((full - padding[d], full - padding[d] + output_padding[d]))
-    # negative padding crops the dilated input
-    crop = [None] * t.ndim
-    for d, (b, e) in enumerate(pads):
-        ax = t.ndim - nd + d
-        if b < 0 or e < 0:
-            n = t.shape[ax]
-            crop[ax] = (max(-b, 0), sym.add(n, -max(-e, 0)))
-    if any(c is not None for c in crop):
-        t = t.shrink(crop)
-    pads = [(max(b, 0), max(e, 0)) for b, e in pads]
-    conv = F.conv1d if nd == 1 else F.conv2d
-    return conv(t, wt, bias, 1, pads if nd == 2 else pads[0], dilation[0] if nd == 1 else tuple(dilation), groups)
-
-
-@lowers(aten.convolution.default)
-def convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    nd = w.ndim - 2
-    if nd not in (1, 2):
-        raise Unsupported(f"{nd}-d convolution (1-d and 2-d are supported)")
-    d = compute_dtype(ctx.out_dtype())
-    x, w = x.cast(d), w.cast(d)
-    bias = bias.cast(d) if bias is not None else None
-    stride, padding, dilation = list(stride), list(padding), list(dilation)
-    if len(padding) == 1 and nd == 2:
-        padding = padding * 2
-    if transposed:
-        return _conv_transposed(x, w, bias, stride, padding, dilation, list(output_padding), groups, nd)
-    if nd == 1:
-        return F.conv1d(x, w, bias, stride[0], padding[0], dilation[0], groups)
-    return F.conv2d(x, w, bias, tuple(stride), list(padding), tuple(dilation), groups)
 
 
 # normalisation ---------------------------------------------------------------------------
@@ -205,9 +142,14 @@ def native_dropout(ctx, x, p, train):
 
 # pooling ----------------------------------------------------------------------------------
 
-def _pool_geometry(size: int, k: int, s: int, p: int, dil: int, ceil_mode: bool) -> int:
+def _pool_out(size, k: int, s: int, p: int, dil: int, ceil_mode: bool):
     """Output length of a pooling window, PyTorch's formula (a last window must start inside)."""
     span = dil * (k - 1) + 1
+    if not sym.is_const(size):
+        if ceil_mode:
+            raise Unsupported("ceil_mode pooling over a symbolic size")
+        return sym.add(sym.floordiv(sym.add(size, 2 * p - span), s), 1)
+    size = int(size)
     num = size + 2 * p - span
     out = (-(-num // s) if ceil_mode else num // s) + 1
     if ceil_mode and (out - 1) * s >= size + p:
@@ -217,23 +159,31 @@ def _pool_geometry(size: int, k: int, s: int, p: int, dil: int, ceil_mode: bool)
 
 def _windows(x: Tensor, ks, stride, padding, dilation, ceil_mode, fill: float):
     """[N, C, H, W] -> [N, C, Ho, Wo, kh, kw] windows over an input padded with ``fill``."""
-    spatial = [static(s, "pooling") for s in x.shape[-2:]]
-    outs = [_pool_geometry(spatial[d], ks[d], stride[d], padding[d], dilation[d], ceil_mode) for d in range(2)]
+    spatial = list(x.shape[-2:])
+    outs = [_pool_out(spatial[d], ks[d], stride[d], padding[d], dilation[d], ceil_mode) for d in range(2)]
     pads = []
     for d in range(2):
-        need = (outs[d] - 1) * stride[d] + dilation[d] * (ks[d] - 1) + 1
-        pads.append((padding[d], max(need - spatial[d] - padding[d], 0)))
+        if sym.is_const(spatial[d]):
+            need = (outs[d] - 1) * stride[d] + dilation[d] * (ks[d] - 1) + 1
+            pads.append((padding[d], max(need - int(spatial[d]) - padding[d], 0)))
+        else:
+            pads.append((padding[d], padding[d]))
     t = x.pad([(0, 0)] * (x.ndim - 2) + pads, value=fill) if any(p != (0, 0) for p in pads) else x
     nb = x.ndim - 2
-    t = F.unfold(t, nb, ks[0], stride[0], dilation[0])          # [.., Ho, kh, W']
-    t = F.unfold(t, nb + 2, ks[1], stride[1], dilation[1])      # [.., Ho, kh, Wo, kw]
-    t = t[tuple([slice(None)] * nb + [slice(0, outs[0]), slice(None), slice(0, outs[1]), slice(None)])]
+    t = X.windows(t, nb, ks[0], stride[0], dilation[0])          # [.., Ho, kh, W']
+    t = X.windows(t, nb + 2, ks[1], stride[1], dilation[1])      # [.., Ho, kh, Wo, kw]
+    if all(sym.is_const(o) for o in outs):
+        t = t[tuple([slice(None)] * nb + [slice(0, outs[0]), slice(None), slice(0, outs[1]), slice(None)])]
     return t.permute(list(range(nb)) + [nb, nb + 2, nb + 1, nb + 3]), spatial, outs
 
 
 def _pair(v, n=2):
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     return v * n if len(v) == 1 else v
+
+
+def _dim_value(ctx, n, d=dt.int64):
+    return ctx.scalar(n, d)
 
 
 @lowers(aten.max_pool2d_with_indices.default)
@@ -245,27 +195,28 @@ def max_pool2d_with_indices(ctx, x, kernel_size, stride=(), padding=0, dilation=
     kk = ks[0] * ks[1]
     flat = win.reshape(tuple(win.shape[:-2]) + (kk,))
     values = flat.max(-1)
-    # indices: the flat input position of the first maximum in each window (a static table)
-    first = F.argmax(flat, -1).cast(dt.int64)                   # [.., Ho, Wo] in [0, kk)
-    oh = np.arange(ho).reshape(ho, 1, 1, 1)
-    ow = np.arange(wo).reshape(1, wo, 1, 1)
-    kh = np.arange(ks[0]).reshape(1, 1, ks[0], 1)
-    kw = np.arange(ks[1]).reshape(1, 1, 1, ks[1])
-    rows = oh * stride[0] - padding[0] + kh * dilation[0]
-    cols = ow * stride[1] - padding[1] + kw * dilation[1]
-    table = (rows * w + cols).reshape(ho, wo, kk).astype(np.int64)
-    tab = ctx.graph.constant(table)
-    pick = first.unsqueeze(-1).eq(ctx.graph.iota(kk, dt.int64))  # [.., Ho, Wo, kk] one-hot
-    indices = (pick * tab.expand(tuple(pick.shape))).sum(-1)
-    return values, indices
+    # the flat input position h*W + w of the first maximum in each window
+    first = F.argmax(flat, -1).cast(dt.int64)                    # [.., Ho, Wo] in [0, kk)
+    kh = None
+    for r in range(1, ks[0]):
+        step = (first >= r * ks[1]).cast(dt.int64)
+        kh = step if kh is None else kh + step
+    kh = first.const_like(0) if kh is None else kh
+    kw = first - kh * ks[1]
+    g = ctx.graph
+    rows = (g.iota(ho, dt.int64) * stride[0] - padding[0]).reshape((ho, 1)) + kh * dilation[0]
+    cols = (g.iota(wo, dt.int64) * stride[1] - padding[1]).reshape((1, wo)) + kw * dilation[1]
+    return values, rows * _dim_value(ctx, w) + cols
 
 
-def _axis_counts(size, k, s, p, out, include_pad):
-    starts = np.arange(out) * s - p
-    ends = np.minimum(starts + k, size + p)
+def _axis_divisor(ctx, size, k, s, p, out, include_pad) -> Tensor:
+    """How many elements each window along one axis averages (PyTorch's rule)."""
+    g = ctx.graph
+    starts = g.iota(out, dt.int64) * s - p
+    ends = (starts + k).minimum(_dim_value(ctx, size) + p)
     if include_pad:
-        return (ends - starts).astype(np.float64)
-    return (np.minimum(ends, size) - np.maximum(starts, 0)).astype(np.float64)
+        return (ends - starts).cast(dt.float32)
+    return (ends.minimum(_dim_value(ctx, size)) - starts.maximum(0)).cast(dt.float32)
 
 
 @lowers(aten.avg_pool2d.default)
@@ -279,10 +230,11 @@ def avg_pool2d(ctx, x, kernel_size, stride=(), padding=0, ceil_mode=False, count
     total = win.sum((-2, -1))
     if divisor_override:
         return total / float(divisor_override)
-    ch = _axis_counts(h, ks[0], stride[0], padding[0], ho, count_include_pad)
-    cw = _axis_counts(w, ks[1], stride[1], padding[1], wo, count_include_pad)
-    div = ctx.graph.constant((1.0 / np.outer(ch, cw)).astype(np.float32)).cast(d)
-    return total * div
+    if count_include_pad and not ceil_mode:
+        return total * (1.0 / (ks[0] * ks[1]))
+    ch = _axis_divisor(ctx, h, ks[0], stride[0], padding[0], ho, count_include_pad)
+    cw = _axis_divisor(ctx, w, ks[1], stride[1], padding[1], wo, count_include_pad)
+    return total / (ch.reshape((ho, 1)) * cw.reshape((1, wo))).cast(d)
 
 
 def _adaptive_matrix(size: int, out: int) -> np.ndarray:
@@ -306,3 +258,114 @@ def adaptive_avg_pool2d(ctx, x, output_size):
     ah = ctx.graph.constant(_adaptive_matrix(h, oh)).cast(d)
     aw = ctx.graph.constant(_adaptive_matrix(w, ow)).cast(d)
     return F.matmul(F.matmul(ah, t), aw.T)
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(ctx, x, output_size):
+    oh, ow = _pair(output_size)
+    h, w = static(x.shape[-2], "adaptive_max_pool2d"), static(x.shape[-1], "adaptive_max_pool2d")
+    # window membership [Ho, H] x [Wo, W] as one static mask over the flattened [H*W] input
+    inside = (_adaptive_matrix(h, oh)[:, None, :, None] > 0) & (_adaptive_matrix(w, ow)[None, :, None, :] > 0)
+    mask = ctx.graph.constant(inside.reshape(oh, ow, h * w))
+    flat = x.reshape(tuple(x.shape[:-2]) + (1, 1, h * w))
+    low = float("-inf") if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
+    masked = F.where(mask, flat, low)                                  # [.., Ho, Wo, H*W]
+    return masked.max(-1), F.argmax(masked, -1).cast(dt.int64)
+
+
+def _batch_stats(t: Tensor):
+    axes = [0] + list(range(2, t.ndim))
+    n = 1
+    for a in axes:
+        n = sym.mul(n, t.shape[a])
+    mean = t.mean(axes, keepdim=True)
+    c = t - mean
+    var = (c * c).mean(axes, keepdim=True)
+    return mean, var, n
+
+
+def _batch_norm_train(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    """Batch norm with batch statistics; also returns the updated running statistics."""
+    d = float_compute(ctx.out_dtype(0))
+    t = x.cast(d)
+    mean, var, n = _batch_stats(t)
+    invstd = F.rsqrt(var + eps)
+    out = (t - mean) * invstd
+    if weight is not None:
+        out = out * _channel_param(weight, x.ndim, d)
+    if bias is not None:
+        out = out + _channel_param(bias, x.ndim, d)
+    c = x.shape[1]
+    stats = (mean.reshape((c,)), invstd.reshape((c,)))
+    if running_mean is None:
+        return out, stats
+    if not sym.is_const(n):
+        raise Unsupported("running-statistics update with a symbolic batch size")
+    n = int(n)
+    unbiased = var.reshape((c,)) * (n / max(n - 1, 1))
+    new_mean = running_mean * (1.0 - momentum) + mean.reshape((c,)) * momentum
+    new_var = running_var * (1.0 - momentum) + unbiased * momentum
+    return out, stats, (new_mean, new_var)
+
+
+@lowers(aten._native_batch_norm_legit_functional.default)
+def batch_norm_functional(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        out, m, s = _batch_norm_eval(ctx, x, weight, bias, running_mean, running_var, eps)
+        return out, m, s, running_mean, running_var
+    out, (mean, invstd), (rm, rv) = _batch_norm_train(ctx, x, weight, bias, running_mean, running_var,
+                                                      momentum, eps)
+    return out, mean, invstd, rm, rv
+
+
+@lowers(*overloads(aten._native_batch_norm_legit, "no_stats"))
+def batch_norm_no_stats(ctx, x, weight, bias, training, momentum, eps):
+    out, (mean, invstd) = _batch_norm_train(ctx, x, weight, bias, None, None, momentum, eps)
+    return out, mean, invstd
+
+
+@lowers(*overloads(aten._batch_norm_with_update_functional, "default"))
+def batch_norm_with_update(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
+    out, (mean, invstd), (rm, rv) = _batch_norm_train(ctx, x, weight, bias, running_mean, running_var,
+                                                      momentum, eps)
+    reserve = ctx.full(ctx.out_shape(3), 0, ctx.out_dtype(3))
+    return out, mean, invstd, reserve, rm, rv
+
+
+def _p_norm(diff: Tensor, p: float) -> Tensor:
+    """The p-norm over the last axis."""
+    from .elementwise import pow_general
+    a = diff.abs()
+    if p == 0:
+        return F.logical_not(a.eq(0.0)).cast(diff.dtype).sum(-1)
+    if p == 1:
+        return a.sum(-1)
+    if p == 2:
+        return F.sqrt((a * a).sum(-1))
+    if p == float("inf"):
+        return a.max(-1)
+    s = pow_general(a, a.const_like(p)).sum(-1)
+    return pow_general(s, s.const_like(1.0 / p))
+
+
+@lowers(aten._cdist_forward.default)
+def cdist(ctx, x1, x2, p, compute_mode=None):
+    d = float_compute(ctx.out_dtype())
+    diff = x1.cast(d).unsqueeze(-2) - x2.cast(d).unsqueeze(-3)       # [.., P, R, M]
+    return _p_norm(diff, float(p))
+
+
+@lowers(aten._pdist_forward.default)
+def pdist(ctx, x, p=2.0):
+    n = static(x.shape[0], "pdist")
+    full = cdist(ctx, x, x, p).reshape((n * n,))
+    pairs = np.array([i * n + j for i in range(n) for j in range(i + 1, n)], np.int64)
+    if not len(pairs):
+        return ctx.full((0,), 0, full.dtype)
+    return full.reshape((n * n, 1)).gather(ctx.graph.constant(pairs)).reshape((len(pairs),))
+
+
+@lowers(aten.addbmm.default)
+def addbmm(ctx, bias, b1, b2, *, beta=1, alpha=1):
+    x, y = _mm_operands(ctx, b1, b2)
+    return _add_scaled(ctx, F.matmul(x, y).sum(0), bias, beta, alpha)

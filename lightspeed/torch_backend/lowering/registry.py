@@ -20,7 +20,7 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...graph import Graph
 from ...tensor import Tensor
-from ..tensors import ls_dtype
+from ..tensors import carrier_dtype
 
 LOWERINGS: dict[Any, Callable] = {}
 
@@ -69,7 +69,7 @@ class LoweringContext:
         if index is not None and isinstance(v, (tuple, list)):
             v = v[index]
         if isinstance(v, torch.Tensor):
-            return ls_dtype(v.dtype)
+            return carrier_dtype(v.dtype)
         return None
 
     def out_shape(self, index: int | None = None) -> tuple:

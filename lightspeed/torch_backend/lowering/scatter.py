@@ -17,7 +17,7 @@ from ...frontend import extra_torch as X
 from ...tensor import Tensor, _norm_axis
 from .indexing import IDX, _elementwise_index, wrap_negative
 from .nn import static
-from .registry import Unsupported, as_tensor, lowers, overloads
+from .registry import Unsupported, lowers, overloads
 
 aten = torch.ops.aten
 
@@ -30,10 +30,10 @@ def reduce_into(ctx, x: Tensor, lin: Tensor, src: Tensor, reduce: str, include_s
     flat = x.reshape((-1,))
     p = flat.shape[0]
     m = lin.shape[0]
-    onehot = lin.reshape((m, 1)).eq(ctx.graph.iota(p, IDX).reshape((1, p)))   # [M, P]
-    touched = onehot.cast(dt.int32).max(0).cast(dt.bool_) if static(m, "scatter") else None
-    if touched is None:
+    if static(m, "scatter") == 0:
         return x
+    onehot = lin.reshape((m, 1)).eq(ctx.graph.iota(p, IDX).reshape((1, p)))   # [M, P]
+    touched = onehot.cast(dt.int32).max(0).cast(dt.bool_)
     vals = src.reshape((m, 1)).cast(x.dtype)
     acc = x.dtype if x.dtype.is_float else dt.int64
     if reduce in ("sum", "mean"):
@@ -153,5 +153,3 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     pads[dim] = (start, after)
     return F.where(ones.pad(pads), placed.pad(pads), x)
 
-
-_ = as_tensor

@@ -8,7 +8,7 @@ from ... import dtypes as dt
 from ... import frontend as F
 from ... import symbolic as sym
 from ...tensor import Tensor, _norm_axis
-from ..tensors import ls_dtype
+from ..tensors import carrier_dtype
 from .registry import Unsupported, as_tensor, lowers, overloads
 
 aten = torch.ops.aten
@@ -24,12 +24,12 @@ def _sizes(size) -> tuple:
 # views -------------------------------------------------------------------------------
 
 @lowers(aten.view.default, aten._unsafe_view.default, *overloads(aten.reshape, "default"),
-        *overloads(aten._reshape_alias, "default"))
+        *overloads(aten._reshape_alias, "default"), *overloads(aten.view_copy, "default"))
 def view(ctx, x, size, *stride):
     return x.reshape(_sizes(size))
 
 
-@lowers(aten.permute.default)
+@lowers(aten.permute.default, *overloads(aten.permute_copy, "default"))
 def permute(ctx, x, dims):
     return x.permute(tuple(dims)) if x.ndim else x
 
@@ -200,7 +200,12 @@ def split(ctx, x, split_size, dim=0):
     return split_with_sizes(ctx, x, sizes, dim)
 
 
-@lowers(*overloads(aten.unbind, "int"))
+@lowers(*overloads(aten.narrow_copy, "default"), *overloads(aten.narrow, "default"))
+def narrow(ctx, x, dim, start, length):
+    return slice_(ctx, x, dim, start, sym.add(start, length))
+
+
+@lowers(*overloads(aten.unbind, "int"), *overloads(aten.unbind_copy, "int"))
 def unbind(ctx, x, dim=0):
     dim = _norm_axis(dim, x.ndim, "unbind")
     n = x.shape[dim]
@@ -225,7 +230,7 @@ def to_copy(ctx, x, *, dtype=None, layout=None, device=None, pin_memory=None, no
 
 @lowers(prims.convert_element_type.default)
 def convert_element_type(ctx, x, dtype):
-    return as_tensor(ctx, x, ls_dtype(dtype))
+    return as_tensor(ctx, x, carrier_dtype(dtype))
 
 
 @lowers(aten.copy.default)
@@ -284,6 +289,12 @@ def ones(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
     return _fill(ctx, _sizes(args[-1]), 1)
 
 
+@lowers(*overloads(aten.empty_permuted, "default"))
+def empty_permuted(ctx, size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(device)
+    return _fill(ctx, _sizes(size), 0)  # uninitialised in PyTorch: any value is right
+
+
 @lowers(aten.empty_strided.default, *overloads(aten.new_empty_strided, "default"))
 def empty_strided(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
     _check_device(device)
@@ -305,11 +316,8 @@ def scalar_tensor(ctx, s, *, dtype=None, layout=None, device=None, pin_memory=No
 @lowers(*overloads(aten.arange, "start_step", "default", "start"))
 def arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
     _check_device(device)
-    if len(args) == 1:
-        start, end, step = 0, args[0], 1
-    else:
-        start, end = args[0], args[1]
-        step = args[2] if len(args) > 2 else 1
+    start = 0 if len(args) == 1 else args[0]
+    step = args[2] if len(args) > 2 else 1
     (n,) = ctx.out_shape()  # PyTorch's own length formula
     d = ctx.out_dtype()
     i = ctx.graph.iota(n, dt.int64 if not d.is_float else dt.int32)
