@@ -201,3 +201,20 @@ def test_bad_configs_name_the_problem(tmp_path):
     cfg_path.write_text(json.dumps(good))
     with pytest.raises(ModelFormatError, match="hidden_size"):
         load_model(tmp_path, tokenizer=False)
+
+
+def test_multimodal_checkpoint_layout(tmp_path, folder_model):
+    """A Gemma3ForConditionalGeneration folder (model_type gemma3, the text config nested, tensors
+    under language_model.model.) loads its text model: the same logits as the text-only folder."""
+    import json
+
+    from safetensors.numpy import save_file
+    lm, ref = folder_model
+    text_cfg = json.loads(ref.config.to_json_string())
+    tensors = {"language_model.model." + k.removeprefix("model."): v.numpy() for k, v in ref.state_dict().items()
+               if k.startswith("model.")}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3", "text_config": text_cfg}))
+    both = [m.compile(CTX, max_chunk=8, last_only=False, backend="reference") for m in (lm, load_model(tmp_path))]
+    want, got = (step.run(TOKENS[:8], 0, step.new_caches())[0] for step in both)
+    np.testing.assert_array_equal(got, want)
