@@ -12,6 +12,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import lightspeed as ls
 from lightspeed import frontend as F
@@ -177,3 +179,40 @@ def test_no_seq_by_seq_buffer_at_4096(causal):
     inputs = {n: rand(rng, 4, 40, 64) for n in "qkv"}
     ref = g.compile([o], backend="reference")(**inputs)[0]
     np.testing.assert_allclose(streaming(**inputs)[0], ref, rtol=2e-5, atol=2e-6)
+
+
+@pytest.fixture(scope="module")
+def masked_attention(tmp_path_factory):
+    """One compiled program with symbolic query and key counts, a float mask and a bool mask."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ls_cache_attention"))
+    sq, skv = ls.dim("sq", 1, 80), ls.dim("skv", 1, 160)
+    g = ls.Graph()
+    q = g.input("q", (2, sq, 16))
+    k = g.input("k", (2, skv, 16))
+    v = g.input("v", (2, skv, 24))
+    fm = g.input("fm", (sq, skv))
+    bm = g.input("bm", (sq, skv), ls.bool_)
+    o = F.scaled_dot_product_attention(q, k, v, fm) + F.scaled_dot_product_attention(q, k, v, bm, scale=2.0)
+    prog = g.compile([o], backend="c")
+    assert schedules(prog).count("attention") == 2
+    yield prog, g.compile([o], backend="reference")
+    mp.undo()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sq=st.integers(1, 80), skv=st.integers(1, 160), seed=st.integers(0, 2**31), scale=st.sampled_from([0.1, 1, 30]),
+       inf_rows=st.booleans())
+def test_random_sizes_and_masks(masked_attention, sq, skv, seed, scale, inf_rows):
+    """Sizes that are and are not multiples of the row and key blocks, large scores (the running max
+    grows block after block), -inf in the float mask (whole rows: NaN, as the reference)."""
+    prog, ref = masked_attention
+    rng = np.random.default_rng(seed)
+    inputs = {"q": rand(rng, 2, sq, 16) * scale, "k": rand(rng, 2, skv, 16), "v": rand(rng, 2, skv, 24),
+              "fm": rand(rng, sq, skv), "bm": rng.random((sq, skv)) < 0.8}
+    if inf_rows:
+        inputs["fm"][rng.random((sq, skv)) < 0.3] = -np.inf
+        inputs["fm"][0, :] = -np.inf
+    want, got = ref(**inputs)[0], prog(**inputs)[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5 * max(1.0, scale))

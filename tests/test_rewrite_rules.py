@@ -21,7 +21,7 @@ from lightspeed import dtypes as dt
 from lightspeed.backend.reference import interpret
 from lightspeed.graph import Program
 from lightspeed.ops import BINARY, UNARY, Op
-from lightspeed.rewrite import EXACT, ROUNDING, VALUE, rewrite_program, rules
+from lightspeed.rewrite import EXACT, ROUNDING, rewrite_program, rules
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 FLOATS = (dt.float32, dt.float16, dt.bfloat16)

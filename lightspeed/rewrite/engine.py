@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 from ..graph import Graph, Node, Program
 from ..ops import Op
-from ..shape import ShapeTracker
 from ..tensor import Tensor
 from .pattern import match
 from .rule import Rule
-from .views import compose, is_identity, same_shape
+from .views import compose, dense, is_identity, same_shape
 
 MAX_PASSES = 16  # full rebuilds; each fires every applicable rule once per node
 MAX_RULES_PER_NODE = 8  # rules applied in a row at one node before moving on
@@ -42,7 +41,7 @@ def _index_rules(rules: list[Rule]) -> dict[Op | None, list[Rule]]:
 
 def _apply_rules(node: Node, by_op, frozen: bool, fired: Counter) -> Tensor:
     """The value of ``node`` after rules that match at its root (dense shape of ``node``)."""
-    value = Tensor(node, ShapeTracker.contiguous(node.shape))
+    value = Tensor(node, dense(node.shape))
     if frozen:
         return value
     for _ in range(MAX_RULES_PER_NODE):

@@ -20,7 +20,7 @@ from ..graph import ArrayConst, Node
 from ..ops import REDUCE, Op
 from ..shape import ShapeTracker
 from ..tensor import Tensor
-from .views import compose, is_total
+from .views import compose, dense, is_total
 
 COMMUTATIVE = frozenset({Op.ADD, Op.MUL})
 
@@ -144,7 +144,7 @@ def match(pat: Pattern, node: Node) -> Match | None:
 
 
 def _view(node: Node, outer: ShapeTracker | None) -> ShapeTracker:
-    return outer if outer is not None else ShapeTracker.contiguous(node.shape)
+    return outer if outer is not None else dense(node.shape)
 
 
 def _same_value(a: Tensor, b: Tensor) -> bool:

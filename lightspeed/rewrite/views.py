@@ -6,6 +6,8 @@ it already had on its edge, composed with the replacement's own view.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from .. import symbolic as sym
 from ..shape import ShapeTracker
 
@@ -14,15 +16,28 @@ def same_shape(a, b) -> bool:
     return len(a) == len(b) and all(sym.same(x, y) for x, y in zip(a, b))
 
 
+@lru_cache(maxsize=1 << 16)
+def _contiguous(st: ShapeTracker) -> bool:
+    # ShapeTracker.is_contiguous rebuilds symbolic strides on every call; rewriting asks it very often
+    return st.is_contiguous
+
+
+@lru_cache(maxsize=1 << 16)
+def dense(shape: tuple) -> ShapeTracker:
+    """``ShapeTracker.contiguous(shape)``, cached (building one simplifies symbolic strides)."""
+    return ShapeTracker.contiguous(shape)
+
+
+@lru_cache(maxsize=1 << 16)
 def compose(inner: ShapeTracker, outer: ShapeTracker) -> ShapeTracker:
     """The view that reads ``outer``'s index through ``inner``.
 
     ``inner`` maps an index of ``inner.shape`` to a buffer offset; ``outer`` maps a consumer's index
     into a dense row-major array of ``inner.shape`` (the caller guarantees that shape). The result maps
     the consumer's index straight to the buffer offset."""
-    if outer.is_contiguous and same_shape(outer.shape, inner.shape):
+    if _contiguous(outer) and same_shape(outer.shape, inner.shape):
         return inner
-    if inner.is_contiguous:
+    if _contiguous(inner):
         return outer
     # ShapeTracker.index unravels each view's offset into the shape of the view below it
     return ShapeTracker(inner.views + outer.views)
@@ -35,7 +50,7 @@ def is_total(st: ShapeTracker) -> bool:
 
 def is_identity(st: ShapeTracker, shape) -> bool:
     """True if the view reads a dense array of ``shape`` element for element."""
-    return st.is_contiguous and same_shape(st.shape, shape)
+    return _contiguous(st) and same_shape(st.shape, shape)
 
 
 def broadcast_axes(st: ShapeTracker) -> set[int]:

@@ -75,3 +75,21 @@ class PlanRunner:
             if run >= 2 and time.perf_counter() - start >= min_seconds:
                 break
         return best_total, best
+
+
+def compare(a: PlanRunner, b: PlanRunner, runs: int = 7) -> tuple[float, float]:
+    """Best seconds of a whole run of ``a`` and of ``b``, runs alternating so that a noisy machine
+    (other processes, frequency changes) affects both alike."""
+    ta = tb = float("inf")
+    for r in (a, b):
+        r.lib.ls_graph(r.ptrs, r.dims, r.arena)
+    for _ in range(runs):
+        for r in (a, b):
+            t0 = time.perf_counter()
+            r.lib.ls_graph(r.ptrs, r.dims, r.arena)
+            dt = time.perf_counter() - t0
+            if r is a:
+                ta = min(ta, dt)
+            else:
+                tb = min(tb, dt)
+    return ta, tb

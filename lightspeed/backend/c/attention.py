@@ -293,6 +293,7 @@ def _value_tile(t: AttentionKernel, vb: int) -> list[str]:
     if EV % step:  # the columns left over after whole chunks, one at a time
         lines += [f"                for (int64_t e = {EV - EV % step}; e < {EV}; e++)",
                   f"                    for (int64_t u = 0; u < {RB}; u++)",
-                  "                        for (int64_t jj = 0; jj < jn; jj++) acc[g + u][e] += ps[g + u][jj] * vt[jj][e];"]
+                  "                        for (int64_t jj = 0; jj < jn; jj++)",
+                  "                            acc[g + u][e] += ps[g + u][jj] * vt[jj][e];"]
     lines.append("            }")
     return lines

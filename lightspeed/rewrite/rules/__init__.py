@@ -1,7 +1,7 @@
 """Rule sets, grouped by purpose. Each is a list of ``Rule`` (data: a pattern and a builder)."""
 from __future__ import annotations
 
-from ..rule import EXACT, ROUNDING, VALUE, Rule
+from ..rule import EXACT, VALUE, Rule
 from . import algebra, fold, reduce
 
 ALGEBRA: list[Rule] = algebra.RULES
