@@ -69,6 +69,7 @@ def test_report_has_the_fields_and_they_agree(report, tiny):
     # the cold compile ran the C compiler into an empty cache; the warm one found its result
     assert report["compile_s_cold"] > report["compile_s_warm"] > 0
     assert 10 * 2**20 < report["peak_rss_bytes"] < 8 * 2**30
+    assert 0 < report["peak_rss_run_bytes"] <= report["peak_rss_bytes"]
     assert report["machine"]["cores"] >= 1 and report["date"]
 
 

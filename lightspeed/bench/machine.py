@@ -67,6 +67,14 @@ class PeakRSS:
         except OSError:
             return False
 
+    def current_bytes(self) -> int:
+        """Resident bytes now (0 where ``/proc/self/statm`` is missing)."""
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+
     def peak_bytes(self) -> int:
         if self.resettable:
             try:

@@ -41,8 +41,9 @@ def format_text(r: dict[str, Any]) -> str:
         f"{r['threads']} threads, median of the runs' best passes) -> limit {r['limit_tokens_per_s']:.1f} tok/s",
         f"decode     {r['effective_gb_per_s']:.1f} GB/s effective = {r['percent_of_limit']:.1f}% of the limit",
         f"compile    cold {r['compile_s_cold']:.2f} s, warm {r['compile_s_warm']:.2f} s (load {r['load_s']:.2f} s)",
-        f"memory     peak RSS {_mb(r['peak_rss_bytes'])} ({r['peak_rss_scope']}); model file "
-        f"{_mb(r['model_file_bytes'])}",
+        f"memory     peak RSS {_mb(r['peak_rss_bytes'])} ({r['peak_rss_scope']})"
+        + (f", {_mb(r['peak_rss_run_bytes'])} during a run" if r.get("peak_rss_run_bytes") else "")
+        + f"; model file {_mb(r['model_file_bytes'])}",
     ]
     for name, label in r["engines"].items():
         lines.append(f"engine     {name}: {label}")
@@ -62,11 +63,11 @@ def plot(r: dict[str, Any], path: str) -> None:
     fig, (ax_dec, ax_pre) = plt.subplots(1, 2, figsize=(10, 4.2))
     dec_names, dec = names + ["limit"], [x["decode_tokens_per_s"] for x in rows] + [r["limit_tokens_per_s"]]
     bars = ax_dec.bar(dec_names, dec, color=["C0"] + ["C1"] * (len(names) - 1) + ["0.6"])
-    ax_dec.bar_label(bars, fmt="%.0f")
+    ax_dec.bar_label(bars, fmt="%.3g")
     ax_dec.set_title(f"decode, {r['decode_tokens']} tokens")
     ax_dec.set_ylabel("tokens/s (median)")
     bars = ax_pre.bar(names, [x["prefill_tokens_per_s"] for x in rows], color=["C0"] + ["C1"] * (len(names) - 1))
-    ax_pre.bar_label(bars, fmt="%.0f")
+    ax_pre.bar_label(bars, fmt="%.3g")
     ax_pre.set_title(f"prefill, {r['prompt_tokens']} tokens")
     fig.suptitle(f"{os.path.basename(r['model'])} as {r['quant']}, {r['threads']} threads, {r['machine']['cpu']}",
                  fontsize=10)

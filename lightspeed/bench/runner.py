@@ -149,8 +149,11 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
         prompt = np.random.default_rng(opts.seed).integers(0, lm.config.vocab_size, opts.prompt_tokens)
         # one untimed run pages the weights in and starts the threads; Lightspeed's peak memory is read
         # after it, before the probe's buffer or any peer shares the process
-        engines[0].run(prompt, opts.decode_tokens)
         peak_rss = rss.peak_bytes()
+        rss.reset()  # the run's own peak: from what load and compile left resident
+        engines[0].run(prompt, opts.decode_tokens)
+        run_rss = rss.peak_bytes()
+        peak_rss = max(peak_rss, run_rss)
         skipped: dict[str, str] = {}
         if opts.peers:
             peer_path = path
@@ -183,12 +186,12 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
                 f"{e.name} {opts.decode_tokens / timings[e.name].decode_s[-1]:.1f} tok/s decode" for e in engines)
                 + f", bandwidth {probes[-1].best_gb_per_s:.1f} GB/s")
         return _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, warm_s, peak_rss,
-                       rss.resettable, engines, timings, probes, skipped)
+                       run_rss if rss.resettable else None, engines, timings, probes, skipped)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, warm_s, peak_rss, rss_phase,
+def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, warm_s, peak_rss, run_rss,
             engines, timings, probes, skipped) -> dict[str, Any]:
     ls = timings["lightspeed"].rates(opts.prompt_tokens, opts.decode_tokens)
     bandwidths = [p.best_gb_per_s for p in probes]
@@ -219,7 +222,8 @@ def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, war
         "compile_s_cold": cold_s,
         "compile_s_warm": warm_s,
         "peak_rss_bytes": peak_rss,
-        "peak_rss_scope": "lightspeed load, compile and one run" if rss_phase else "whole process so far",
+        "peak_rss_scope": "lightspeed load, compile and one run" if run_rss is not None else "whole process so far",
+        "peak_rss_run_bytes": run_rss,  # the high-water mark of one prefill+decode run alone
         "peers": {},
         "peers_skipped": skipped,
         "engines": {e.name: e.label for e in engines},
