@@ -193,7 +193,8 @@ def _options(state: ServerState, req: SamplingFields, n_prompt: int, max_tokens:
     params = SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p or 1e-9,
                             min_p=req.min_p, repetition_penalty=req.repetition_penalty, seed=seed)
     return RequestOptions(max_tokens=max_tokens, params=params, stop=req.stop_strings(), logit_bias=bias,
-                          presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty)
+                          presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty,
+                          ignore_eos=req.ignore_eos)
 
 
 def _check_model(state: ServerState, name: str, want: str) -> None:

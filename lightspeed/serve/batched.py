@@ -88,7 +88,12 @@ def _llama_attention(lm: Llama, g: Graph, h: Tensor, i: int, kv: BatchedKV) -> T
     keys = kv.append(f"k{i}", k).permute(0, 2, 1, 3)                         # [B, kv_heads, keys, head_dim]
     values = kv.append(f"v{i}", v).permute(0, 2, 1, 3)
     mask = kv.visible.reshape((b, 1, 1, kv.keys))
-    out = scaled_dot_product_attention(q.reshape((b, c.n_heads, 1, c.head_dim)), keys, values, mask)
+    # the query heads that share a KV head are the query rows of one attention problem (head h
+    # uses KV head h // rep, as in grouped-query attention): the attention kernel then stages
+    # each block of keys once for all of them instead of once per head
+    rep = c.n_heads // c.n_kv_heads
+    grouped = q.reshape((b, c.n_kv_heads, rep, c.head_dim)).contiguous()  # rotated once, not per key block
+    out = scaled_dot_product_attention(grouped, keys, values, mask)             # [B, kv_heads, rep, head_dim]
     out = out.reshape((b, c.n_heads * c.head_dim)).contiguous()
     return lm._linear(g, out, p + "attn_output")
 

@@ -4,7 +4,7 @@ Requests are validated strictly: wrong types are not coerced (``"5"`` is not a n
 the OpenAI API does not define are rejected, as OpenAI rejects them, and fields it defines that
 this server cannot honour (``n > 1``, ``logprobs``, tools...) are rejected by name rather than
 silently ignored. A few common extensions are accepted: ``top_k``, ``min_p``,
-``repetition_penalty``.
+``repetition_penalty``, ``ignore_eos``.
 """
 from __future__ import annotations
 
@@ -119,6 +119,7 @@ class SamplingFields(_Strict):
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    ignore_eos: bool = False  # keep generating past the end-of-sequence tokens (for benchmarks)
 
     @field_validator("stop")
     @classmethod

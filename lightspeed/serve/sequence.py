@@ -35,6 +35,7 @@ class RequestOptions:
     logit_bias: dict[int, float] = field(default_factory=dict)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    ignore_eos: bool = False  # the tokenizer's stop tokens do not end the sequence
 
 
 class Sequence:
@@ -51,7 +52,7 @@ class Sequence:
         self.prompt_ids = [int(i) for i in prompt_ids]
         self.options = options
         self.sampler = Sampler(options.params)
-        self.stop_ids = stop_ids
+        self.stop_ids = set() if options.ignore_eos else stop_ids
         self.decoder = tokenizer.stream(skip_special_tokens=False)
         self.stops = StopStringFilter(list(options.stop))
         self.sink = sink

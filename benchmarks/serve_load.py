@@ -1,0 +1,232 @@
+"""Load test of ``lightspeed serve`` on loopback: scaling of batched decoding, then sustained load.
+
+    python benchmarks/serve_load.py                      # starts its own server (SmolLM2, --max-batch 8)
+    python benchmarks/serve_load.py --duration 60 --clients 32 --json out.json
+    python benchmarks/serve_load.py --url http://127.0.0.1:8000 --pid 1234   # an already running server
+
+Two phases, both bounded in time:
+
+1. scaling: ``--rounds`` times, one streaming client alone, then ``--streams`` clients at once,
+   each generating ``--tokens`` tokens (greedy, no stop); decode tokens/s is counted from the
+   first token of each stream to the last (prefill excluded), the ratio concurrent/single is
+   reported as min and median over the rounds (the machine is shared and noisy);
+2. load: ``--clients`` clients send streaming chat requests back to back for ``--duration``
+   seconds; reports requests, failures (any non-200 or broken stream), latency p50/p99 (whole
+   request) and time to first token, generated tokens/s, and the server's resident memory after
+   warm-up and at the end (growth = end - warm-up).
+
+Not a test: it prints numbers and never fails on a timing. The exit code is 1 only when a
+request failed or the server could not start.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain how rainbows form.",
+           "List ten fruits and one fact about each.", "What makes a good cup of coffee?",
+           "Describe the city of Paris to someone who has never been there.", "How do airplanes fly?",
+           "Give me a recipe for pancakes.", "Why is the sky blue?"]
+
+
+def start_server(args) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "lightspeed", "serve", "--port", "0", "--max-batch", str(args.max_batch),
+           "--context", str(args.context), "--max-queue", "256"]
+    if args.model:
+        cmd += ["--model", args.model]
+    if args.quant:
+        cmd += ["--quant", args.quant]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + args.start_timeout
+    for line in proc.stderr:
+        print(line.rstrip(), file=sys.stderr)
+        m = re.search(r"on (http://\S+)/v1", line)
+        if m:
+            return proc, m.group(1)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def stream_once(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int, *,
+                      ignore_eos: bool = False) -> dict:
+    """One streaming chat request; timings and the number of content chunks (≈ tokens)."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if ignore_eos:  # every stream generates max_tokens (an extension vLLM has too)
+        body["ignore_eos"] = True
+    t0 = time.perf_counter()
+    first = last = None
+    usage = None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return {"ok": False, "status": r.status_code, "error": r.text[:200]}
+        done = False
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                done = True
+                break
+            obj = json.loads(data)
+            if "error" in obj:
+                return {"ok": False, "status": 200, "error": str(obj["error"])[:200]}
+            if obj.get("usage"):
+                usage = obj["usage"]
+            if obj["choices"] and obj["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    end = time.perf_counter()
+    tokens = usage["completion_tokens"] if usage else 0
+    return {"ok": done, "status": 200, "latency": end - t0, "ttft": (first or end) - t0,
+            "tokens": tokens, "decode_span": (last - first) if first and last else 0.0, "first": first, "last": last}
+
+
+async def scaling(url: str, model: str, args) -> dict:
+    """Decode tokens/s of one stream alone vs ``args.streams`` at once, ``args.rounds`` times."""
+    singles, multis = [], []
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers=_auth(args)) as client:
+        await stream_once(client, model, PROMPTS[0], 8)  # warm-up
+        for _ in range(args.rounds):
+            r = await stream_once(client, model, PROMPTS[0], args.tokens, ignore_eos=True)
+            singles.append((r["tokens"] - 1) / r["decode_span"])
+            rs = await asyncio.gather(*[stream_once(client, model, PROMPTS[i % len(PROMPTS)], args.tokens,
+                                                    ignore_eos=True) for i in range(args.streams)])
+            # every stream decoding at once: from the last first-token to the first last-token
+            start, end = max(x["first"] for x in rs), min(x["last"] for x in rs)
+            tokens = 0
+            for x in rs:  # tokens each stream produced inside the window, at its own average pace
+                rate = (x["tokens"] - 1) / x["decode_span"]
+                tokens += rate * (end - start)
+            multis.append(tokens / (end - start) if end > start else float("nan"))
+            print(f"  round: single {singles[-1]:.1f} tok/s, {args.streams} streams {multis[-1]:.1f} tok/s, "
+                  f"ratio {multis[-1] / singles[-1]:.2f}", file=sys.stderr)
+    ratios = [m / s for m, s in zip(multis, singles)]
+    return {"single_tok_s": singles, "concurrent_tok_s": multis, "streams": args.streams,
+            "ratio_min": min(ratios), "ratio_median": statistics.median(ratios)}
+
+
+def _auth(args) -> dict:
+    return {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+
+
+async def load(url: str, model: str, pid: int | None, args) -> dict:
+    """``args.clients`` clients back to back for ``args.duration`` seconds."""
+    results: list[dict] = []
+    stop_at = time.monotonic() + args.duration
+    warm_rss: list[int] = []
+
+    async def client_loop(k: int, client: httpx.AsyncClient) -> None:
+        i = k
+        while time.monotonic() < stop_at:
+            try:
+                r = await stream_once(client, model, PROMPTS[i % len(PROMPTS)], args.load_tokens)
+            except (httpx.HTTPError, json.JSONDecodeError) as e:
+                r = {"ok": False, "status": None, "error": repr(e)[:200]}
+            r["t"] = time.monotonic()
+            results.append(r)
+            i += args.clients
+
+    async def sample_memory() -> None:
+        await asyncio.sleep(min(args.warmup, args.duration / 3))
+        if pid:
+            warm_rss.append(rss_bytes(pid))
+
+    limits = httpx.Limits(max_connections=args.clients + 4)
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=_auth(args)) as client:
+        await asyncio.gather(sample_memory(), *[client_loop(k, client) for k in range(args.clients)])
+    elapsed = time.monotonic() - t0
+    ok = [r for r in results if r["ok"]]
+    failed = [r for r in results if not r["ok"]]
+    lat = sorted(r["latency"] for r in ok)
+    ttft = sorted(r["ttft"] for r in ok)
+
+    def pct(xs: list[float], q: float) -> float:
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+    end_rss = rss_bytes(pid) if pid else 0
+    out = {"clients": args.clients, "duration_s": round(elapsed, 1), "requests": len(results),
+           "failures": len(failed), "failure_examples": [r.get("error") or r.get("status") for r in failed[:3]],
+           "latency_p50_s": pct(lat, 0.5), "latency_p99_s": pct(lat, 0.99), "ttft_p50_s": pct(ttft, 0.5),
+           "ttft_p99_s": pct(ttft, 0.99), "tokens": sum(r["tokens"] for r in ok),
+           "tokens_per_s": sum(r["tokens"] for r in ok) / elapsed}
+    if pid:
+        out.update(rss_warm_mb=round(warm_rss[0] / 2 ** 20, 1) if warm_rss else None,
+                   rss_end_mb=round(end_rss / 2 ** 20, 1),
+                   rss_growth_mb=round((end_rss - warm_rss[0]) / 2 ** 20, 1) if warm_rss else None)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=None, help="a running server (default: start one)")
+    p.add_argument("--pid", type=int, default=None, help="the running server's process id (for its memory)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--model", default=None, help="model file for the server this script starts")
+    p.add_argument("--quant", default=None)
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--start-timeout", type=float, default=300)
+    p.add_argument("--streams", type=int, default=8, help="concurrent streams in the scaling phase (8)")
+    p.add_argument("--rounds", type=int, default=3, help="scaling rounds (3)")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per stream in the scaling phase (64)")
+    p.add_argument("--clients", type=int, default=32, help="clients in the load phase (32)")
+    p.add_argument("--duration", type=float, default=60, help="seconds of the load phase (60)")
+    p.add_argument("--warmup", type=float, default=15, help="seconds before the warm memory sample (15)")
+    p.add_argument("--load-tokens", type=int, default=32, help="max_tokens per request in the load phase (32)")
+    p.add_argument("--skip-scaling", action="store_true")
+    p.add_argument("--skip-load", action="store_true")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+
+    proc = None
+    url, pid = args.url, args.pid
+    if url is None:
+        proc, url = start_server(args)
+        pid = proc.pid
+    try:
+        models = httpx.get(f"{url}/v1/models", headers=_auth(args), timeout=30).json()["data"]
+        model = models[0]["id"]
+        report: dict = {"model": model, "url": url}
+        if not args.skip_scaling:
+            report["scaling"] = asyncio.run(scaling(url, model, args))
+        if not args.skip_load:
+            report["load"] = asyncio.run(load(url, model, pid, args))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    print(json.dumps(report, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 1 if report.get("load", {}).get("failures") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
