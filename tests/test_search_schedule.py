@@ -99,9 +99,10 @@ def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
     assert time.perf_counter() - t0 < 5.0  # the reference run and the first compile may overrun a little
 
 
-def test_compile_with_search_option():
+def test_compile_with_search_option(monkeypatch):
     """The public API: ``g.compile(..., backend="c", search=1, search_budget_s=...)``, with symbolic dims
     tuned at given values; the result agrees with the reference at other values too."""
+    monkeypatch.setattr(K, "QUICK", K.QUICK[:1])  # one candidate besides the heuristics keeps this quick
     seq = ls.dim("seq", 1, 512)
     g = ls.Graph()
     x = g.input("x", (seq, 64))
@@ -119,3 +120,21 @@ def test_compile_with_search_option():
         np.testing.assert_allclose(prog(x=xs, w=ws)[0], ref(x=xs, w=ws)[0], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="search level"):
         g.compile([y], backend="c", search=3)
+
+
+def test_level_two_uses_the_e_graph(monkeypatch):
+    """search=2 runs the e-graph with rounding rules (here: x*a + x*b -> x*(a+b)) before the schedules."""
+    pytest.importorskip("egglog")
+    from lightspeed.search import cost
+    monkeypatch.setattr(cost, "calibrate", lambda: cost.CostModel())  # not the one-off measurement here
+    monkeypatch.setattr(K, "configurations", lambda level: [{}, {"TILE": 32}])
+    g = ls.Graph()
+    x, a, b = (g.input(n, (64, 64)) for n in "xab")
+    y = x * a + x * b
+    prog = g.compile([y], backend="c", search=2, search_budget_s=30)
+    report = prog.executor.search_report
+    assert report.graph == "e-graph"
+    assert [k.schedule for k in prog.executor.plan.kernels] == ["loop"]
+    rng = np.random.default_rng(0)
+    xs, as_, bs = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3))
+    np.testing.assert_allclose(prog(x=xs, a=as_, b=bs)[0], xs * as_ + xs * bs, rtol=1e-5, atol=1e-5)

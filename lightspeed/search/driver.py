@@ -48,8 +48,15 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
         if sum(result.fired.values()):
             new, report.graph, report.rewrites = result.program, "rewrite", dict(result.fired)
     else:
+        from ..backend.c.compiler import CompilerError
+        from .cost import CostModel, calibrate
         from .graph_search import search_graph
-        g = search_graph(program, level=2, budget_s=budget * GRAPH_SHARE)
+        try:
+            model = calibrate()  # measured once per machine, then read from the cache
+        except CompilerError:
+            model = CostModel()
+        g = search_graph(program, level=2, budget_s=max(budget * GRAPH_SHARE - (time.perf_counter() - t0), 0.1),
+                         model=model)
         new, report.graph = g.program, g.chosen
     if new is not program:
         plan = form_kernels(new, **(form_options or {}))
