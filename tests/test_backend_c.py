@@ -6,7 +6,9 @@ they turn into failures as soon as they are fixed and the marker can go.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -50,6 +52,20 @@ def compile_calls(monkeypatch, tmp_path):
 
     monkeypatch.setattr(c_compiler.subprocess, "run", counting_run)
     return calls
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, what: str):
+    """TimeoutError if the block runs longer than ``seconds`` (a hang becomes a failure)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"{what} took longer than {seconds} s")
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def both(g: ls.Graph, outs, **inputs):
@@ -498,6 +514,20 @@ def test_matmul_with_empty_inner_axis() -> None:
     c, r = both(g, [a[:, :0] @ b[:0]], a=np.ones((2, 3), F32), b=np.ones((3, 4), F32))
     np.testing.assert_array_equal(c[0], np.zeros((2, 4), F32))
     np.testing.assert_array_equal(r[0], np.zeros((2, 4), F32))
+
+
+@pytest.mark.xfail(strict=True, reason="symbolic.floordiv does not terminate (polynomial division recursion) for "
+                                       "(ko0*s0^2 + ko0*s0^3 + ko1*s0^2 + kr1*s0 + ko2) // (s0^2 + s0^3), which "
+                                       "kernel formation asks for when unravelling the matmul's broadcast Mul")
+def test_batched_matmul_over_an_expression_sized_axis_compiles_quickly() -> None:
+    s0 = ls.dim("s0", 1, 5)
+    g = ls.Graph()
+    a = g.input("a", (3, s0 + 1, s0), ls.float32)
+    w = g.input("w", (s0, s0), ls.float32)
+    with _time_limit(10, "forming the kernels of a 3-D @ 2-D matmul"):
+        prog = g.compile([a @ w], backend="c")
+    av, wv = np.ones((3, 3, 2), F32), np.full((2, 2), 0.5, F32)
+    np.testing.assert_array_equal(prog(a=av, w=wv)[0], np.ones((3, 3, 2), F32))
 
 
 # outputs ----------------------------------------------------------------------------------------------
