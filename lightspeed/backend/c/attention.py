@@ -153,10 +153,10 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
         lines += _values(r, t, KB, widths)
         out_off = r.idx(_dense_offset(vars_, shape))
         lines += ["        }",
-                  "        for (int64_t rr = 0; rr < nr; rr++) {",
+                  "        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
                   "            const float inv = 1.0f / lsum[rr];",
                   f"            for (int64_t e = 0; e < {EV}; e++)",
-                  f"                {r.buf(k.out)}[{out_off}] = bad[rr] ? NAN : acc[rr][e] * inv;",
+                  f"                {r.buf(k.out)}[{out_off}] = NJ == 0 ? 0.0f : bad[rr] ? NAN : acc[rr][e] * inv;",
                   "        }", "    }", "}"]
     finally:
         for v in (t.i, t.j, t.e):
