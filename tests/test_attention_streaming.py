@@ -216,3 +216,24 @@ def test_random_sizes_and_masks(masked_attention, sq, skv, seed, scale, inf_rows
     want, got = ref(**inputs)[0], prog(**inputs)[0]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=5e-5, atol=5e-5 * max(1.0, scale))
+
+
+@pytest.mark.parametrize("knobs", [
+    {"ATTENTION_ROWS": 8, "ATTENTION_KEYS": 16, "ATTENTION_VECTOR_BYTES": 16},
+    {"ATTENTION_ROWS": 64, "ATTENTION_KEYS": 128, "ATTENTION_VECTOR_BYTES": 32},
+    {"ATTENTION_ROWS": 4, "ATTENTION_KEYS": 32, "ATTENTION_VECTOR_BYTES": 64},
+], ids=lambda k: "-".join(str(v) for v in k.values()))
+def test_schedule_knobs_keep_values(knobs):
+    """Every block size and vector width a schedule search may pick computes the same values."""
+    from lightspeed.search import knobs as K
+    g = ls.Graph()
+    q, k = g.input("q", (3, 37, 24)), g.input("k", (3, 201, 24))
+    v = g.input("v", (3, 201, 40))
+    o = F.scaled_dot_product_attention(q, k, v, causal=True)
+    rng = np.random.default_rng(7)
+    inputs = {"q": rand(rng, 3, 37, 24), "k": rand(rng, 3, 201, 24), "v": rand(rng, 3, 201, 40)}
+    with K.override(knobs):
+        prog = g.compile([o], backend="c")
+    assert "attention" in schedules(prog)
+    ref = g.compile([o], backend="reference")(**inputs)[0]
+    np.testing.assert_allclose(prog(**inputs)[0], ref, rtol=3e-5, atol=3e-6)

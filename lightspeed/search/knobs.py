@@ -24,6 +24,7 @@ KNOBS = {
     "PARALLEL_GRAIN": (c_render, "PARALLEL_GRAIN"),
     "ATTENTION_ROWS": (c_attention, "ROWS"),
     "ATTENTION_KEYS": (c_attention, "KEYS"),
+    "ATTENTION_VECTOR_BYTES": (c_attention, "VECTOR_BYTES"),
 }
 
 # knobs that matter for each kernel schedule
@@ -31,7 +32,7 @@ BY_SCHEDULE = {
     "tiled": ("TILE", "ROW_BLOCK", "PARALLEL_GRAIN"),
     "loop": ("PARALLEL_GRAIN",),
     "scatter": ("PARALLEL_GRAIN",),
-    "attention": ("ATTENTION_ROWS", "ATTENTION_KEYS"),
+    "attention": ("ATTENTION_ROWS", "ATTENTION_KEYS", "ATTENTION_VECTOR_BYTES"),
 }
 
 # values tried, per knob (level 2 tries all combinations; level 1 the QUICK configurations)
@@ -41,10 +42,11 @@ VALUES = {
     "PARALLEL_GRAIN": (1 << 12, 1 << 15, 1 << 18),
     "ATTENTION_ROWS": (8, 16, 32, 64),
     "ATTENTION_KEYS": (16, 32, 64, 128),
+    "ATTENTION_VECTOR_BYTES": (0, 16, 32),
 }
 QUICK = [
     {"TILE": 32, "ROW_BLOCK": 4, "ATTENTION_ROWS": 16, "ATTENTION_KEYS": 64},
-    {"TILE": 16, "ROW_BLOCK": 2, "ATTENTION_ROWS": 64, "ATTENTION_KEYS": 32},
+    {"TILE": 16, "ROW_BLOCK": 2, "ATTENTION_ROWS": 64, "ATTENTION_KEYS": 32, "ATTENTION_VECTOR_BYTES": 16},
     {"TILE": 8, "ROW_BLOCK": 6, "ATTENTION_ROWS": 32, "ATTENTION_KEYS": 128, "PARALLEL_GRAIN": 1 << 12},
     {"TILE": 32, "ROW_BLOCK": 2, "ATTENTION_ROWS": 8, "ATTENTION_KEYS": 16, "PARALLEL_GRAIN": 1 << 18},
 ]
@@ -107,6 +109,7 @@ def configurations(level: int) -> list[dict]:
     grains = VALUES["PARALLEL_GRAIN"]
     for k in range(max(len(tiles), len(attn))):
         t, a = tiles[k % len(tiles)], attn[k % len(attn)]
+        widths = VALUES["ATTENTION_VECTOR_BYTES"]
         out.append({"TILE": t[0], "ROW_BLOCK": t[1], "ATTENTION_ROWS": a[0], "ATTENTION_KEYS": a[1],
-                    "PARALLEL_GRAIN": grains[k % len(grains)]})
+                    "PARALLEL_GRAIN": grains[k % len(grains)], "ATTENTION_VECTOR_BYTES": widths[k % len(widths)]})
     return out

@@ -24,6 +24,7 @@ KEYS = 32  # keys per streamed block (a multiple of 16)
 # register tiles (rows, vectors) of the dot products and the value accumulation, per vector width:
 # 32 vector registers (AVX-512) hold 4 x 4 accumulators, 16 (AVX2 and narrower) hold 4 x 2
 TILES = {64: (4, 4), 32: (4, 2), 16: (4, 2)}
+VECTOR_BYTES = 0  # 0: one tiling per vector width, chosen by the compiler's target; else only this width
 
 
 def _ir_vars(x: ir.IR) -> set[sym.Var]:
@@ -91,6 +92,8 @@ def _vector_widths(schedule: dict | None) -> list[tuple[str, int]]:
     """(preprocessor condition, vector bytes) of the tilings to emit."""
     if schedule and "vector_bytes" in schedule:
         return [("1", int(schedule["vector_bytes"]))]
+    if VECTOR_BYTES:
+        return [("1", VECTOR_BYTES)]
     return [("defined(__AVX512F__)", 64), ("defined(__AVX__)", 32), ("1", 16)]
 
 
