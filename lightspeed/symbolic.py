@@ -571,12 +571,16 @@ def sym_is_zero(x: sint) -> bool:
 
 def _poly_divmod(a: Expr, d: "Sum") -> tuple[sint, sint]:
     """(q, r) with a == q*d + r exactly: multivariate division by the leading term of ``d`` (terms of
-    ``a`` whose monomial is a multiple of it move into the quotient; coefficients must divide)."""
-    lead_t, lead_k = d.terms[0]
+    ``a`` whose monomial is a multiple of it move into the quotient; coefficients must divide).
+    Identical factors commute, but a graded order alone does not bound the steps for every input,
+    so the loop is capped; the identity a == q*d + r holds after any number of steps."""
+    # the leading term in a graded order (most factors first): each step cancels a term of ``a`` and
+    # only introduces terms of lower degree, so the division terminates
+    lead_t, lead_k = max(d.terms, key=lambda tk: (len(_factors(tk[0])), tk[0].sort_key()))
     lead = (lead_k, tuple(_factors(lead_t)))
     q: sint = 0
     r: sint = a
-    for _ in range(64):
+    for _ in range(32):
         terms, _ = _as_sum(to_expr(r))
         for t, k in terms.items():
             qt = _divide_monomial(t, k, lead)
@@ -608,8 +612,9 @@ def floordiv(a: sint, b: sint) -> sint:
         q, r = _poly_divmod(a, b)
         if proven_ge(r, 0) and proven_lt(r, b):
             return q
-        if not sym_is_zero(q):
-            return add(q, floordiv(r, b))
+        if not sym_is_zero(q):  # a node, not floordiv(r, b): dividing r again need not terminate
+            r = to_expr(r)
+            return add(q, _simplest(FloorDiv(r, b, *_div_bounds(r, b))))
     dm = _monomial(b)
     if dm is not None and dm[0] > 0 and b.lo > 0:
         terms, const = _as_sum(a)
@@ -670,8 +675,8 @@ def mod(a: sint, b: sint) -> sint:
         q, r = _poly_divmod(a, b)
         if proven_ge(r, 0) and proven_lt(r, b):
             return _simplest(r)
-        if not sym_is_zero(q):
-            return mod(r, b)
+        if not sym_is_zero(q):  # a node, not mod(r, b): dividing r again need not terminate
+            return Mod(to_expr(r), b, 0, b.hi - 1)
     dm = _monomial(b)
     if dm is not None and dm[0] > 0 and b.lo > 0:
         terms, const = _as_sum(a)

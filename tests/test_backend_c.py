@@ -516,9 +516,6 @@ def test_matmul_with_empty_inner_axis() -> None:
     np.testing.assert_array_equal(r[0], np.zeros((2, 4), F32))
 
 
-@pytest.mark.xfail(strict=True, reason="symbolic.floordiv does not terminate (polynomial division recursion) for "
-                                       "(ko0*s0^2 + ko0*s0^3 + ko1*s0^2 + kr1*s0 + ko2) // (s0^2 + s0^3), which "
-                                       "kernel formation asks for when unravelling the matmul's broadcast Mul")
 def test_batched_matmul_over_an_expression_sized_axis_compiles_quickly() -> None:
     s0 = ls.dim("s0", 1, 5)
     g = ls.Graph()
