@@ -293,10 +293,17 @@ class FxLowering:
                             f"{tuple(have)} but PyTorch expects {tuple(want)}")
 
     def _equal_at_hints(self, a, b) -> bool:
-        env = dict(self.symbols.hints)
+        """Whether two shapes agree at the traced sizes and at a few other sizes in bounds
+        (two spellings of one size agree everywhere; a transposed pair of sizes does not)."""
+        import random
+        rng = random.Random(0)
+        envs = [dict(self.symbols.hints)]
+        for _ in range(4):
+            envs.append({n: rng.randint(v.lo, max(v.lo, min(v.hi, v.lo + 200))) for n, v in self.symbols.vars.items()})
         try:
-            return all(int(sym.evaluate(x, env)) == int(sym.evaluate(y, env)) for x, y in zip(a, b))
-        except (ValueError, TypeError):
+            return all(int(sym.evaluate(x, env)) == int(sym.evaluate(y, env))
+                       for env in envs for x, y in zip(a, b))
+        except (ValueError, TypeError, ZeroDivisionError):
             return False
 
     # outputs ------------------------------------------------------------------------------

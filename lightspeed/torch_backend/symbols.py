@@ -25,7 +25,9 @@ class UnsupportedSymbolicExpr(ValueError):
 
 def symbol_hint(shape_env, s: sympy.Symbol) -> int | None:
     """The example value PyTorch traced ``s`` with, if it knows one."""
-    for table in ("var_to_val", "backed_var_to_val"):
+    for table in ("backed_var_to_val", "var_to_val"):
+        if not hasattr(shape_env, table):
+            continue
         v = getattr(shape_env, table, {}).get(s) if shape_env is not None else None
         if v is not None:
             try:
@@ -124,6 +126,11 @@ class SymbolTable:
             for _ in range(int(e.args[1])):
                 out = sym.mul(out, base)
             return out
+        if isinstance(e, sympy.floor) and isinstance(e.args[0], sympy.Mul):
+            # floor(x * p/q), the form plain sympy gives x // q
+            coef, rest = e.args[0].as_coeff_Mul()
+            if isinstance(coef, sympy.Rational) and coef.q > 1:
+                return sym.floordiv(sym.mul(self.expr(rest), int(coef.p)), int(coef.q))
         if isinstance(e, F.FloorDiv):
             return sym.floordiv(self.expr(e.args[0]), self.expr(e.args[1]))
         if isinstance(e, F.CeilDiv):

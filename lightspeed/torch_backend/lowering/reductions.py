@@ -266,3 +266,10 @@ def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if not axes:
         return out
     return _keep(x, out, axes, keepdim)
+
+
+@lowers(*overloads(aten.dist, "default"))
+def dist(ctx, a, b, p=2):
+    d = float_compute(ctx.out_dtype())
+    x, y = a.cast(d)._broadcast_pair(b.cast(d), "dist")
+    return vector_norm(ctx, x - y, p)

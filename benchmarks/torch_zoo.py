@@ -1,0 +1,86 @@
+"""The torch module zoo: eager PyTorch vs torch.compile(backend="lightspeed") vs torch.compile's
+default backend (inductor), on the CPU, in one run.
+
+For each model it prints the median time of one forward call for the three, the compile time
+(first call minus a steady call) of the two compilers, and the ratios. Not a test: timings
+never fail anything.
+
+    python benchmarks/torch_zoo.py [--models mlp,cnn,...] [--batch 4] [--seq 64] [--runs 20] [--dynamic]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from test_torch_backend_zoo import ZOO, main_output  # noqa: E402
+
+
+def _time_calls(fn, kwargs, runs: int) -> float:
+    times = []
+    with torch.no_grad():
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            main_output(fn(**kwargs))
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _compile_and_time(model, kwargs, runs: int, **compile_kwargs) -> tuple[float, float, torch.Tensor]:
+    torch._dynamo.reset()
+    compiled = torch.compile(model, **compile_kwargs)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = main_output(compiled(**kwargs))
+    first = time.perf_counter() - t0
+    steady = _time_calls(compiled, kwargs, runs)
+    return max(first - steady, 0.0), steady, out
+
+
+def bench(name: str, batch: int, seq: int, runs: int, dynamic: bool) -> dict:
+    model, make = ZOO[name]()
+    kwargs = make(batch, seq)
+    with torch.no_grad():
+        ref = main_output(model(**kwargs))
+    eager = _time_calls(model, kwargs, runs)
+    ls_compile, ls_time, ls_out = _compile_and_time(model, kwargs, runs, backend="lightspeed", dynamic=dynamic)
+    ind_compile, ind_time, _ = _compile_and_time(model, kwargs, runs, dynamic=dynamic)
+    err = (ls_out.float() - ref.float()).abs().max().item()
+    return {"model": name, "eager_ms": eager * 1e3, "lightspeed_ms": ls_time * 1e3, "inductor_ms": ind_time * 1e3,
+            "lightspeed_compile_s": ls_compile, "inductor_compile_s": ind_compile, "max_abs_err": err}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=",".join(ZOO))
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=64, help="sequence length (image size for the CNN)")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
+    args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, seq {args.seq}, "
+          f"dynamic={args.dynamic}")
+    head = (f"{'model':14s} {'eager ms':>9s} {'ls ms':>8s} {'ind ms':>8s} {'eager/ls':>9s} {'ind/ls':>7s} "
+            f"{'ls comp s':>9s} {'ind comp s':>10s} {'max err':>8s}")
+    print(head)
+    for name in args.models.split(","):
+        try:
+            r = bench(name, args.batch, args.seq, args.runs, args.dynamic)
+        except Exception as e:  # noqa: BLE001  (report and continue with the next model)
+            print(f"{name:14s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            continue
+        print(f"{r['model']:14s} {r['eager_ms']:9.2f} {r['lightspeed_ms']:8.2f} {r['inductor_ms']:8.2f} "
+              f"{r['eager_ms'] / r['lightspeed_ms']:9.2f} {r['inductor_ms'] / r['lightspeed_ms']:7.2f} "
+              f"{r['lightspeed_compile_s']:9.1f} {r['inductor_compile_s']:10.1f} {r['max_abs_err']:8.1e}")
+    print("ratios > 1 mean Lightspeed is faster")
+
+
+if __name__ == "__main__":
+    main()
