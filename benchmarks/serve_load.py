@@ -11,7 +11,8 @@ Two phases, both bounded in time:
    first token of each stream to the last (prefill excluded), the ratio concurrent/single is
    reported as min and median over the rounds (the machine is shared and noisy);
 2. load: ``--clients`` clients send streaming chat requests back to back for ``--duration``
-   seconds; reports requests, failures (any non-200 or broken stream), latency p50/p99 (whole
+   seconds (requests still running then get ``--drain`` seconds more, then are cut off and
+   counted apart); reports requests, failures (any non-200 or broken stream), latency p50/p99 (whole
    request) and time to first token, generated tokens/s, and the server's resident memory after
    warm-up and at the end (growth = end - warm-up).
 
@@ -155,8 +156,16 @@ async def load(url: str, model: str, pid: int | None, args) -> dict:
 
     limits = httpx.Limits(max_connections=args.clients + 4)
     t0 = time.monotonic()
+    unfinished = 0
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits, headers=_auth(args)) as client:
-        await asyncio.gather(sample_memory(), *[client_loop(k, client) for k in range(args.clients)])
+        tasks = [asyncio.ensure_future(client_loop(k, client)) for k in range(args.clients)]
+        await sample_memory()
+        # requests running at the deadline may finish within the drain time; the rest are cut off
+        _, pending = await asyncio.wait(tasks, timeout=max(stop_at - time.monotonic(), 0) + args.drain)
+        for t in pending:
+            t.cancel()
+        unfinished = len(pending)
+        await asyncio.gather(*pending, return_exceptions=True)
     elapsed = time.monotonic() - t0
     ok = [r for r in results if r["ok"]]
     failed = [r for r in results if not r["ok"]]
@@ -168,7 +177,7 @@ async def load(url: str, model: str, pid: int | None, args) -> dict:
 
     end_rss = rss_bytes(pid) if pid else 0
     out = {"clients": args.clients, "duration_s": round(elapsed, 1), "requests": len(results),
-           "failures": len(failed), "failure_examples": [r.get("error") or r.get("status") for r in failed[:3]],
+           "failures": len(failed), "cut_off_at_the_end": unfinished, "failure_examples": [r.get("error") or r.get("status") for r in failed[:3]],
            "latency_p50_s": pct(lat, 0.5), "latency_p99_s": pct(lat, 0.99), "ttft_p50_s": pct(ttft, 0.5),
            "ttft_p99_s": pct(ttft, 0.99), "tokens": sum(r["tokens"] for r in ok),
            "tokens_per_s": sum(r["tokens"] for r in ok) / elapsed}
@@ -195,6 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=32, help="clients in the load phase (32)")
     p.add_argument("--duration", type=float, default=60, help="seconds of the load phase (60)")
     p.add_argument("--warmup", type=float, default=15, help="seconds before the warm memory sample (15)")
+    p.add_argument("--drain", type=float, default=60,
+                   help="seconds requests running at the end of the load phase may take to finish (60)")
     p.add_argument("--load-tokens", type=int, default=32, help="max_tokens per request in the load phase (32)")
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-load", action="store_true")

@@ -11,15 +11,15 @@ import time
 
 
 class ServerProcess:
-    """A running ``lightspeed serve``: ``url``, ``proc``, and its stderr lines so far in ``log``."""
+    """A ``lightspeed serve`` process: ``url`` (after ``wait_ready``), ``proc``, its stderr lines in ``log``."""
 
-    def __init__(self, args: list[str], timeout: float = 300.0):
+    def __init__(self, args: list[str]):
         cmd = [sys.executable, "-m", "lightspeed", "serve", "--port", "0", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
         self.url: str | None = None
-        ready = threading.Event()
+        self._ready = ready = threading.Event()
 
         def read() -> None:  # keep draining stderr so that the server never blocks on a full pipe
             for line in self.proc.stderr:
@@ -32,9 +32,13 @@ class ServerProcess:
 
         self._reader = threading.Thread(target=read, daemon=True)
         self._reader.start()
-        if not ready.wait(timeout) or self.url is None:
+
+    def wait_ready(self, timeout: float = 300.0) -> str:
+        """The server's base URL once it listens (RuntimeError with its log if it does not)."""
+        if not self._ready.wait(timeout) or self.url is None:
             self.stop()
             raise RuntimeError("lightspeed serve did not start:\n" + "\n".join(self.log[-30:]))
+        return self.url
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """SIGTERM, then wait (SIGKILL after ``timeout``); the exit code."""

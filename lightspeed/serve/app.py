@@ -214,8 +214,20 @@ async def _body(state: ServerState, request: Request, model: type) -> Any:
     return validate(model, parse_json_body(await _read_body(request, state.max_body_bytes)))
 
 
-def _streaming(gen: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(gen, media_type="text/event-stream",
+def _streaming(gen: AsyncIterator[str], stream: _Stream, request: Request) -> StreamingResponse:
+    """An SSE response of ``gen``. The sequence is cancelled as soon as the client disconnects
+    (watched on the receive channel, not only when a write fails) and however the stream ends."""
+    async def guarded() -> AsyncIterator[str]:
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        watcher.add_done_callback(lambda t: None if t.cancelled() else stream.cancel())
+        try:
+            async for text in gen:
+                yield text
+        finally:
+            watcher.cancel()
+            stream.cancel()
+            await gen.aclose()
+    return StreamingResponse(guarded(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -296,7 +308,7 @@ def create_app(state: ServerState) -> FastAPI:
                 if req.include_usage():
                     yield _sse({**chunk("", None), "choices": [], "usage": stream.seq.usage})
                 yield "data: [DONE]\n\n"
-            return _streaming(sse())
+            return _streaming(sse(), stream, request)
         text, finish = await stream.collect(request)
         body = chunk(text, finish)
         body["usage"] = stream.seq.usage
@@ -332,7 +344,7 @@ def create_app(state: ServerState) -> FastAPI:
                 if req.include_usage():
                     yield _sse({**chunk({}, None), "choices": [], "usage": stream.seq.usage})
                 yield "data: [DONE]\n\n"
-            return _streaming(sse())
+            return _streaming(sse(), stream, request)
         text, finish = await stream.collect(request)
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": state.model_id,

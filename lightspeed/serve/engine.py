@@ -75,7 +75,8 @@ class Engine:
         self.steps = 0
         self.decoded_tokens = 0
         self.prefilled_tokens = 0
-        self.step_seconds = 0.0
+        self.step_seconds = 0.0     # in batched decode steps
+        self.prefill_seconds = 0.0  # in prefill chunks
 
     # any thread --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -116,7 +117,8 @@ class Engine:
         with self._cond:
             return {"active": len(self.slots), "waiting": len(self.waiting), "max_batch": self.max_batch,
                     "steps": self.steps, "decoded_tokens": self.decoded_tokens,
-                    "prefilled_tokens": self.prefilled_tokens}
+                    "prefilled_tokens": self.prefilled_tokens, "decode_seconds": round(self.step_seconds, 3),
+                    "prefill_seconds": round(self.prefill_seconds, 3)}
 
     def drain(self) -> None:
         """Take no new work from now on; what runs and waits goes on."""
@@ -212,7 +214,15 @@ class Engine:
         if filling is None:
             return
         chunk = filling.prefill_left[:self.step.max_chunk]
-        logits, _ = self.step.run(chunk, filling.pos, self.stepper.slot_caches(filling.slot))
+        t0 = time.perf_counter()
+        try:
+            logits, _ = self.step.run(chunk, filling.pos, self.stepper.slot_caches(filling.slot))
+        except Exception as e:  # this prompt's problem (e.g. a token the model lacks): only it fails
+            filling.fail(f"prefill failed: {type(e).__name__}: {e}")
+            self._release([filling])
+            return
+        finally:
+            self.prefill_seconds += time.perf_counter() - t0
         filling.pos += len(chunk)
         self.prefilled_tokens += len(chunk)
         if not filling.prefill_left and not filling.accept(logits[-1], self.ctx):

@@ -6,6 +6,7 @@ requests run to the end for up to ``shutdown_timeout`` seconds; then the engine 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -92,6 +93,14 @@ def serve(opts: ServeOptions) -> int:
         def handle_exit(self, sig, frame) -> None:
             engine.drain()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn re-raises the signal it caught once it has shut down, which kills the process
+            # before the engine stops; after a graceful shutdown we exit normally (status 0) instead
+            with super().capture_signals():
+                yield
+                getattr(self, "_captured_signals", []).clear()
 
     family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
