@@ -7,9 +7,11 @@
 Two phases, both bounded in time:
 
 1. scaling: ``--rounds`` times, one streaming client alone, then ``--streams`` clients at once,
-   each generating ``--tokens`` tokens (greedy, no stop); decode tokens/s is counted from the
-   first token of each stream to the last (prefill excluded), the ratio concurrent/single is
-   reported as min and median over the rounds (the machine is shared and noisy);
+   each generating ``--tokens`` tokens (greedy, ``ignore_eos``); decode tokens/s alone is counted
+   from the stream's first token to its last (prefill excluded), and together as the tokens that
+   arrive while every stream is decoding (from the last stream's first token to the first
+   stream's last); the ratio together/alone is reported as min and median over the rounds (the
+   machine is shared and noisy);
 2. load: ``--clients`` clients send streaming chat requests back to back for ``--duration``
    seconds (requests still running then get ``--drain`` seconds more, then are cut off and
    counted apart); reports requests, failures (any non-200 or broken stream), latency p50/p99 (whole
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -46,6 +47,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--model", args.model]
     if args.quant:
         cmd += ["--quant", args.quant]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + args.start_timeout
     for line in proc.stderr:
@@ -77,6 +80,7 @@ async def stream_once(client: httpx.AsyncClient, model: str, prompt: str, max_to
     t0 = time.perf_counter()
     first = last = None
     usage = None
+    stamps: list[float] = []  # arrival time of each content chunk
     async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             await r.aread()
@@ -98,10 +102,12 @@ async def stream_once(client: httpx.AsyncClient, model: str, prompt: str, max_to
                 now = time.perf_counter()
                 first = first or now
                 last = now
+                stamps.append(now)
     end = time.perf_counter()
     tokens = usage["completion_tokens"] if usage else 0
     return {"ok": done, "status": 200, "latency": end - t0, "ttft": (first or end) - t0,
-            "tokens": tokens, "decode_span": (last - first) if first and last else 0.0, "first": first, "last": last}
+            "tokens": tokens, "decode_span": (last - first) if first and last else 0.0, "first": first, "last": last,
+            "stamps": stamps}
 
 
 async def scaling(url: str, model: str, args) -> dict:
@@ -114,12 +120,10 @@ async def scaling(url: str, model: str, args) -> dict:
             singles.append((r["tokens"] - 1) / r["decode_span"])
             rs = await asyncio.gather(*[stream_once(client, model, PROMPTS[i % len(PROMPTS)], args.tokens,
                                                     ignore_eos=True) for i in range(args.streams)])
-            # every stream decoding at once: from the last first-token to the first last-token
+            # every stream decoding at once: from the last first-token to the first last-token;
+            # the chunks that arrived in that window (one token each, as the server streams them)
             start, end = max(x["first"] for x in rs), min(x["last"] for x in rs)
-            tokens = 0
-            for x in rs:  # tokens each stream produced inside the window, at its own average pace
-                rate = (x["tokens"] - 1) / x["decode_span"]
-                tokens += rate * (end - start)
+            tokens = sum(start < t <= end for x in rs for t in x["stamps"])
             multis.append(tokens / (end - start) if end > start else float("nan"))
             print(f"  round: single {singles[-1]:.1f} tok/s, {args.streams} streams {multis[-1]:.1f} tok/s, "
                   f"ratio {multis[-1] / singles[-1]:.2f}", file=sys.stderr)
@@ -195,6 +199,7 @@ def main(argv=None) -> int:
     p.add_argument("--api-key", default=None)
     p.add_argument("--model", default=None, help="model file for the server this script starts")
     p.add_argument("--quant", default=None)
+    p.add_argument("--threads", type=int, default=None, help="--threads of the server this script starts")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--start-timeout", type=float, default=300)

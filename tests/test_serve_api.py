@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_process import ServerProcess  # noqa: E402
+from serve_process import ServerProcess
 
 KEY = "test-key-123"
 CTX = 512

@@ -7,13 +7,13 @@ import threading
 
 import numpy as np
 import pytest
+from tiny_gguf import write_tiny_llama
 
 from lightspeed.generate import Generation, SamplingParams
 from lightspeed.models import load_model
 from lightspeed.serve.batched import BatchedStep, supports
 from lightspeed.serve.engine import Engine, QueueFullError, SequentialStepper
 from lightspeed.serve.sequence import DONE, ERROR, TEXT, RequestOptions, Sequence
-from tiny_gguf import write_tiny_llama
 
 CTX, MAX_BATCH, CHUNK = 96, 4, 16
 
@@ -123,7 +123,7 @@ def _requests(lm, n, seed=1):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    lm, single, bs = tiny
+    _, single, bs = tiny
     eng = Engine(single, bs, max_queue=64)
     eng.start()
     yield eng
@@ -154,7 +154,7 @@ def test_sequence_matches_generation(tiny) -> None:
         for i in range(6):
             ids = [int(t) for t in rng.integers(3, 128, int(rng.integers(2, 30)))]
             params = SamplingParams(temperature=0.9 if i % 2 else 0.0, top_p=0.9, seed=i)
-            cases.append((ids, dict(max_tokens=20, params=params, stop=["t", "x1"] if i == 2 else [])))
+            cases.append((ids, {"max_tokens": 20, "params": params, "stop": ["t", "x1"] if i == 2 else []}))
         got = _run_all(eng, lm, cases)
         for (ids, opts), (tokens, text, finish) in zip(cases, got):
             p = opts["params"]

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from serve_process import ServerProcess  # noqa: E402
-from tiny_gguf import write_tiny_llama  # noqa: E402
+from serve_process import ServerProcess
+from tiny_gguf import write_tiny_llama
 
 LONG = 1800  # tokens of a stream that must outlast the checks made while it runs
 

@@ -15,8 +15,9 @@ import hmac
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -26,8 +27,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generate import SamplingParams
 from .engine import Engine, EngineStoppedError, QueueFullError
-from .protocol import (APIError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields,
-                       parse_json_body, validate)
+from .protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    SamplingFields,
+    parse_json_body,
+    validate,
+)
 from .sequence import DONE, ERROR, TEXT, RequestOptions, Sequence
 
 MAX_EMBED_INPUTS = 256
@@ -277,7 +285,6 @@ def create_app(state: ServerState) -> FastAPI:
     async def completions(request: Request) -> Response:
         req: CompletionRequest = await _body(state, request, CompletionRequest)
         _check_model(state, req.model, "generate")
-        tok = state.model.tokenizer
         if isinstance(req.prompt, str) or isinstance(req.prompt[0], str):
             text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
             ids = await run_in_threadpool(state.model.prompt_ids, text)
@@ -320,7 +327,7 @@ def create_app(state: ServerState) -> FastAPI:
         _check_model(state, req.model, "generate")
         try:
             ids = await run_in_threadpool(state.model.chat_ids, req.chat_messages())
-        except Exception as e:  # the template may reject a conversation (e.g. roles out of order)
+        except Exception as e:  # noqa: BLE001 - the template may reject a conversation (roles out of order)
             raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
         stream = _Stream(state, ids, _options(state, req, len(ids), req.limit()))
         rid, created = _new_id("chatcmpl"), int(time.time())

@@ -33,13 +33,13 @@ whether a model has one.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import dtypes as dt
 from .. import symbolic as sym
-from ..frontend import rms_norm, rope, scaled_dot_product_attention, silu
+from ..frontend import rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
 from ..models.base import CausalLM
 from ..models.llama import Llama

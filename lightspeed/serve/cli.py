@@ -18,7 +18,8 @@ def _serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(model=args.model, host=args.host, port=args.port, quant=args.quant, max_batch=args.max_batch,
                         context=args.context, api_key=args.api_key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
-                        shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend)
+                        shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend,
+                        threads=args.threads)
     try:
         return serve(opts)
     except (FileNotFoundError, ModelFormatError, ValueError, OSError) as e:
@@ -56,4 +57,6 @@ def add_serve(sub) -> None:
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning)")
     p.add_argument("--backend", default="c", help="compiler backend (default: c)")
+    p.add_argument("--threads", type=_positive, default=None,
+                   help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     p.set_defaults(handler=_serve)

@@ -24,7 +24,7 @@ import concurrent.futures
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -158,7 +158,7 @@ class Engine:
                     break
             try:
                 self._turn()
-            except Exception as e:  # a failed step ends the sequences it ran; the server keeps serving
+            except Exception as e:  # noqa: BLE001 - a failed step ends the sequences it ran, the server goes on
                 message = f"internal error: {type(e).__name__}: {e}"
                 traceback.print_exc()
                 for seq in list(self.slots):
@@ -198,7 +198,7 @@ class Engine:
             if fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn())
-                except BaseException as e:  # reported to the caller
+                except BaseException as e:  # noqa: BLE001 - reported to the caller
                     fut.set_exception(e)
 
     def _prefill(self) -> None:
@@ -217,7 +217,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             logits, _ = self.step.run(chunk, filling.pos, self.stepper.slot_caches(filling.slot))
-        except Exception as e:  # this prompt's problem (e.g. a token the model lacks): only it fails
+        except Exception as e:  # noqa: BLE001 - this prompt's problem (a token the model lacks): only it fails
             filling.fail(f"prefill failed: {type(e).__name__}: {e}")
             self._release([filling])
             return

@@ -9,7 +9,7 @@ silently ignored. A few common extensions are accepted: ``top_k``, ``min_p``,
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -109,7 +109,7 @@ class SamplingFields(_Strict):
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2 ** 63), lt=2 ** 64)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -153,7 +153,7 @@ class SamplingFields(_Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[str, list[str], list[int]]
+    prompt: str | list[str] | list[int]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     echo: Literal[False] = False
     best_of: int = Field(1, ge=1, le=1)
@@ -178,7 +178,7 @@ class TextPart(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Union[str, list[TextPart]]
+    content: str | list[TextPart]
     name: str | None = Field(None, max_length=256)
 
     def text(self) -> str:
@@ -209,7 +209,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class EmbeddingRequest(_Strict):
     model: str = Field(min_length=1, max_length=256)
-    input: Union[str, list[str]]
+    input: str | list[str]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
     user: str | None = Field(None, max_length=256)

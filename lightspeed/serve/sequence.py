@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Callable, Sequence as Seq
 
 import numpy as np
 

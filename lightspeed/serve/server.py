@@ -32,6 +32,7 @@ class ServeOptions:
     shutdown_timeout: float = 30.0
     log_level: str = "warning"
     backend: str = "c"
+    threads: int | None = None           # threads of the C backend's pool (None: one per core)
 
 
 def model_name(path: str) -> str:
@@ -41,7 +42,7 @@ def model_name(path: str) -> str:
     base = os.path.basename(path)
     if base == "model":
         base = os.path.basename(os.path.dirname(path)) or base
-    return base[:-5] if base.endswith(".gguf") else base
+    return base.removesuffix(".gguf")
 
 
 def _log(message: str) -> None:
@@ -55,6 +56,9 @@ def build_state(opts: ServeOptions):
     from .batched import BatchedStep, supports
     if opts.max_batch < 1:
         raise ValueError(f"--max-batch must be >= 1, got {opts.max_batch}")
+    if opts.threads is not None and opts.backend == "c":
+        from ..backend.c import set_num_threads
+        set_num_threads(opts.threads)
     t0 = time.perf_counter()
     model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False)
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
@@ -82,6 +86,7 @@ def build_state(opts: ServeOptions):
 def serve(opts: ServeOptions) -> int:
     """Run the server until it is told to stop; the exit code."""
     import uvicorn
+
     from .app import create_app
 
     state = build_state(opts)
