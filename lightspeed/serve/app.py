@@ -4,8 +4,9 @@
 Handlers run on the event loop and never call native code: a generation is a ``Sequence``
 submitted to the engine thread, whose events (text pieces, the finish) come back through an
 asyncio queue. Bodies are read with a size cap and validated strictly (``protocol``); every
-error is OpenAI's error JSON. A streaming client that disconnects cancels its sequence (the
-generator's ``finally``), a non-streaming one is watched for ``http.disconnect`` while it waits.
+error is OpenAI's error JSON. Every client is watched for ``http.disconnect`` while its request
+runs (streaming or not): when it goes away its sequence is cancelled, and the engine frees the
+slot before its next step.
 """
 from __future__ import annotations
 
