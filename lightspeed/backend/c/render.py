@@ -40,6 +40,9 @@ STORAGE = {
 }
 UNSIGNED_OF = {"int8_t": "uint8_t", "int16_t": "uint16_t", "int32_t": "uint32_t", "int64_t": "uint64_t",
                "uint8_t": "uint8_t", "uint16_t": "uint16_t", "uint32_t": "uint32_t"}
+# unary primitives in C (float compute type); exp2/log2/sin are the prelude's vectorisable versions
+UNARY_C = {Op.LOG2: "ls_log2f({})", Op.EXP2: "ls_exp2f({})", Op.SIN: "ls_sinf({})", Op.SQRT: "sqrtf({})",
+           Op.RECIP: "(1.0f / ({}))"}
 F2I = {dt.int8: "ls_f2i8", dt.uint8: "ls_f2u8", dt.int16: "ls_f2i16", dt.uint16: "ls_f2u16", dt.int32: "ls_f2i32",
        dt.uint32: "ls_f2u32", dt.int64: "ls_f2i64"}
 
@@ -178,16 +181,8 @@ class KernelRenderer:
     def alu(self, x: ir.Alu) -> str:
         op, d = x.op, x.dtype
         a = [self.expr(s) for s in x.args]
-        if op is Op.LOG2:
-            return f"ls_log2f({a[0]})"
-        if op is Op.EXP2:
-            return f"ls_exp2f({a[0]})"
-        if op is Op.SIN:
-            return f"ls_sinf({a[0]})"
-        if op is Op.SQRT:
-            return f"sqrtf({a[0]})"
-        if op is Op.RECIP:
-            return f"(1.0f / ({a[0]}))"
+        if op in UNARY_C:
+            return UNARY_C[op].format(a[0])
         if op is Op.LESS_THAN:
             return f"(({a[0]}) < ({a[1]}))"
         if op is Op.MUL:
