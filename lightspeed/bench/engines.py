@@ -65,9 +65,13 @@ class LlamaCppEngine:
         self.label = f"llama.cpp (llama-cpp-python {getattr(llama_cpp, '__version__', '?')})"
         self.llm = llama_cpp.Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=ctx,
                                    n_batch=batch, n_ubatch=batch, verbose=False)
+        self._api, self.n_vocab = llama_cpp, self.llm.n_vocab()
 
     def _last_logits(self) -> np.ndarray:
-        return self.llm.scores[self.llm.n_tokens - 1]
+        # Llama.eval keeps no logits unless logits_all (which computes every row): read the context's
+        # logits of the last evaluated token through the C API instead
+        ptr = self._api.llama_get_logits(self.llm.ctx)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def run(self, prompt: np.ndarray, n_decode: int) -> tuple[float, float]:
         llm = self.llm

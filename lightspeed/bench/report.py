@@ -6,7 +6,7 @@ from typing import Any
 
 
 def _mb(n: float) -> str:
-    return f"{n / 1e6:.1f} MB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
 def format_text(r: dict[str, Any]) -> str:
@@ -16,7 +16,7 @@ def format_text(r: dict[str, Any]) -> str:
     lines = [
         f"model    {os.path.basename(r['model'])} ({how}; {_mb(r['weight_bytes_per_token'])} of weights read "
         f"per token)",
-        f"machine  {m['cpu']} ({', '.join(m['features']) or 'no AVX2'}), {r['threads']} threads; {r['date']}",
+        f"machine  {m['cpu']} ({', '.join(m['features']) or 'no AVX2'}), {r['threads']} thread{'s' if r['threads'] != 1 else ''}; {r['date']}",
         f"work     prefill {r['prompt_tokens']} tokens, then decode {r['decode_tokens']} tokens; "
         f"{r['runs']} runs (median, best)",
         "",
@@ -69,7 +69,8 @@ def plot(r: dict[str, Any], path: str) -> None:
     bars = ax_pre.bar(names, [x["prefill_tokens_per_s"] for x in rows], color=["C0"] + ["C1"] * (len(names) - 1))
     ax_pre.bar_label(bars, fmt="%.3g")
     ax_pre.set_title(f"prefill, {r['prompt_tokens']} tokens")
-    fig.suptitle(f"{os.path.basename(r['model'])} as {r['quant']}, {r['threads']} threads, {r['machine']['cpu']}",
+    threads = f"{r['threads']} thread" + ("s" if r["threads"] != 1 else "")
+    fig.suptitle(f"{os.path.basename(r['model'])} as {r['quant']}, {threads}, {r['machine']['cpu']}",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
