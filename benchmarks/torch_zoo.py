@@ -6,6 +6,10 @@ For each model it prints the median time of one forward call for the three, the 
 never fail anything.
 
     python benchmarks/torch_zoo.py [--models mlp,cnn,...] [--batch 4] [--seq 64] [--runs 20] [--dynamic]
+                                   [--threads N]
+
+``--threads`` sets both PyTorch's and Lightspeed's thread counts (on a busy machine, 1 thread
+gives the least distorted comparison: oversubscribed thread pools degrade unevenly).
 """
 from __future__ import annotations
 
@@ -63,8 +67,13 @@ def main(argv=None) -> None:
     ap.add_argument("--seq", type=int, default=64, help="sequence length (image size for the CNN)")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
+    ap.add_argument("--threads", type=int, default=0, help="threads for PyTorch and Lightspeed (0: defaults)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
+    if args.threads:
+        from lightspeed.backend.c import set_num_threads
+        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, seq {args.seq}, "
           f"dynamic={args.dynamic}")
     head = (f"{'model':14s} {'eager ms':>9s} {'ls ms':>8s} {'ind ms':>8s} {'eager/ls':>9s} {'ind/ls':>7s} "

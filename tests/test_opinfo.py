@@ -239,19 +239,19 @@ def test_opinfo_subset_torch_compile_c():
     for name in C_SUBSET:
         op = by_name[name]
         torch.manual_seed(0)
-        for sample in itertools.islice(op.sample_inputs("cpu", torch.float32, requires_grad=False), 1):
-            if _leaves_ok(sample):
-                continue
-            torch._dynamo.reset()
-            with torch.no_grad():
-                expected = op(sample.input, *sample.args, **sample.kwargs)
-                compiled, tensors = _compiled_op(op, sample)
-                actual = compiled(*tensors)
-            diff = _compare(actual, expected)
-            assert diff is None, f"{name}: {diff}"
-            checked += 1
-    print(f"torch.compile(backend='lightspeed') on C: {checked} samples of {len(C_SUBSET)} ops match eager")
-    assert checked >= len(C_SUBSET)
+        usable = [s for s in itertools.islice(op.sample_inputs("cpu", torch.float32, requires_grad=False), 8)
+                  if not _leaves_ok(s)]
+        assert usable, f"{name}: no usable float32 sample"
+        sample = usable[0]  # one sample per op: each costs a Dynamo trace and a C compilation
+        torch._dynamo.reset()
+        with torch.no_grad():
+            expected = op(sample.input, *sample.args, **sample.kwargs)
+            compiled, tensors = _compiled_op(op, sample)
+            actual = compiled(*tensors)
+        diff = _compare(actual, expected)
+        assert diff is None, f"{name}: {diff}"
+        checked += 1
+    print(f"torch.compile(backend='lightspeed') on C: {checked} ops match eager")
 
 
 if __name__ == "__main__":

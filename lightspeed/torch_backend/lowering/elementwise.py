@@ -345,9 +345,9 @@ def _le(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _promote_for_compare(ctx, a, b):
-    x, y = _compare_operands(a, b) if isinstance(a, Tensor) or isinstance(b, Tensor) else (None, None)
-    if x is None:
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
         raise Unsupported("a comparison of two scalars")
+    x, y = _compare_operands(a, b)
     if x.dtype is not y.dtype:
         from ...tensor import promote
         d = promote(x.dtype, y.dtype)
@@ -440,7 +440,7 @@ def _bools(ctx, a, b):
 
 @lowers(aten.logical_not.default)
 def logical_not(ctx, x):
-    return F.logical_not(x if x.dtype is dt.bool_ else F.logical_not(X.eq_ieee(x, x.const_like(0))))
+    return F.logical_not(x) if x.dtype is dt.bool_ else X.eq_ieee(x, x.const_like(0))  # NaN is truthy
 
 
 @lowers(aten.logical_and.default)
@@ -467,28 +467,26 @@ def _truthy(ctx, a, b):
     return t(a), t(b)
 
 
-def _bool_only(name):
-    def check(ctx, a, b=None):
-        if ctx.out_dtype() is not dt.bool_:
-            raise Unsupported(f"{name} on integer tensors (Lightspeed has no bitwise primitives)")
-    return check
+def _require_bool(ctx, name: str) -> None:
+    if ctx.out_dtype() is not dt.bool_:
+        raise Unsupported(f"{name} on integer tensors (Lightspeed has no bitwise primitives)")
 
 
 @lowers(*overloads(aten.bitwise_and, "Tensor", "Scalar"))
 def bitwise_and(ctx, a, b):
-    _bool_only("bitwise_and")(ctx, a, b)
+    _require_bool(ctx, "bitwise_and")
     return F.logical_and(*_bools(ctx, a, b))
 
 
 @lowers(*overloads(aten.bitwise_or, "Tensor", "Scalar"))
 def bitwise_or(ctx, a, b):
-    _bool_only("bitwise_or")(ctx, a, b)
+    _require_bool(ctx, "bitwise_or")
     return F.logical_or(*_bools(ctx, a, b))
 
 
 @lowers(*overloads(aten.bitwise_xor, "Tensor", "Scalar"))
 def bitwise_xor(ctx, a, b):
-    _bool_only("bitwise_xor")(ctx, a, b)
+    _require_bool(ctx, "bitwise_xor")
     x, y = _bools(ctx, a, b)
     return F.logical_not(X.eq_ieee(x.cast(dt.int32), y.cast(dt.int32)))
 
