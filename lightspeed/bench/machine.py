@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import platform
 import resource
+import subprocess
+from pathlib import Path
 
 # CPU features that decide which kernels and peers' builds can run fast
 FEATURES = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -40,6 +42,22 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def source_revision() -> str | None:
+    """The git commit of the Lightspeed source that runs (with ``+dirty`` when ``lightspeed/`` has
+    uncommitted changes), or None outside a git checkout."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno", "--", "lightspeed"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def machine_summary() -> dict:

@@ -46,7 +46,8 @@ def format_text(r: dict[str, Any]) -> str:
         + f"; model file {_mb(r['model_file_bytes'])}",
     ]
     for name, label in r["engines"].items():
-        lines.append(f"engine     {name}: {label}")
+        rev = f" (source {r['lightspeed_revision']})" if name == "lightspeed" and r.get("lightspeed_revision") else ""
+        lines.append(f"engine     {name}: {label}{rev}")
     return "\n".join(lines)
 
 

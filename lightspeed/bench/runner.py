@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .engines import LightspeedEngine, LlamaCppEngine, TorchEngine
-from .machine import PeakRSS, available_cores, machine_summary
+from .machine import PeakRSS, available_cores, machine_summary, source_revision
 from .probe import measure_read_bandwidth
 
 PEERS = ("llama.cpp", "pytorch")
@@ -229,6 +229,7 @@ def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, war
         "engines": {e.name: e.label for e in engines},
         "machine": machine_summary(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "lightspeed_revision": source_revision(),
         "options": {k: v for k, v in asdict(opts).items() if k != "peer_names"},
     }
     for e in engines[1:]:
