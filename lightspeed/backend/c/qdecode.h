@@ -82,6 +82,17 @@ static inline void ls_dq_q6_k(const uint8_t *b, float *restrict w) {
 /* Dot products of one weight row (nblk blocks of 32) with up to 4 activation rows, for the
  * 32-element formats. With AVX-512 each block is decoded into two 16-float vectors once and
  * multiplied into every row; elsewhere the portable decoders above are used. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* horizontal sum of 8 floats (used by the AVX2 and int8 dot products) */
+static inline float ls_hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -181,12 +192,6 @@ static inline __m256 ls_u8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256
     for (int i_ = 0; i_ < 4; i_++) w[i_] = _mm256_fmadd_ps(d_, w[i_], m_); \
 } while (0)
 
-static inline float ls_hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 
 #define LS_QDOT_AVX2(NAME, DEC, BB) \
 static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
@@ -260,12 +265,6 @@ static inline __m256i ls_nibbles32(const uint8_t *q) {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
     return _mm256_set_m128i(hi, lo);
 }
-static inline float ls_hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
 
 /* one weight row (nblk blocks) against up to 4 quantized activation rows (stride K, nb) */
 #define LS_QDOT_I8(NAME, BB, BODY, FINISH) \
@@ -285,7 +284,7 @@ static inline void NAME(const uint8_t *restrict w, const int8_t *restrict xq, co
             } \
         } \
     } \
-    for (int r = 0; r < mr; r++) out[r * ostride] = ls_hsum8(acc[r]) FINISH; \
+    for (int r = 0; r < mr; r++) out[r * ostride] = ls_hsum256(acc[r]) FINISH; \
 }
 #ifndef LS_QMM_PREFETCH
 #define LS_QMM_PREFETCH 4096
