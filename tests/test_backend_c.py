@@ -578,6 +578,34 @@ def test_multiple_outputs_same_tensor_twice_and_inputs_returned_as_copies() -> N
     np.testing.assert_array_equal(again[2], np.zeros_like(xv))
 
 
+def test_reshaped_output_is_stored_once_and_read_by_other_kernels() -> None:
+    """An output that is a reshape of a computed value is that value's buffer: the kernels that read
+    the value load it instead of recomputing it (the new KV rows a decode step outputs and attends to)."""
+    n = ls.dim("n", 1, 8)
+    g = ls.Graph()
+    x = g.input("x", (n, 6), ls.float32)
+    y = (x * 2.0 + 1.0).exp()
+    outs = [y.reshape((n, 2, 3)), y.sum(1), y, y.reshape((n, 3, 2)), y.reshape((n, 2, 3))]
+    prog = g.compile(outs, backend="c")
+    plan = prog.executor.plan
+    # one kernel computes y (stored as outputs 0 and 4), one sums it, one stores y, one the (n, 3, 2) view
+    assert len(plan.kernels) == 4, [k.name for k in plan.kernels]
+    # with only the reshaped output and the sum: two kernels, and only one of them evaluates exp
+    two = g.compile([y.reshape((n, 2, 3)), y.sum(1)], backend="c").executor
+    bodies = two.source.split("static void ")[1:]
+    assert len(two.plan.kernels) == 2
+    assert sum("ls_exp2f(" in b for b in bodies) == 1
+    for k in (1, 5):
+        xv = np.random.default_rng(k).standard_normal((k, 6)).astype(F32)
+        c = prog(x=xv)
+        r = g.compile(outs, backend="reference")(x=xv)
+        for a, b in zip(c, r):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5)
+        assert c[0].shape == (k, 2, 3) and c[3].shape == (k, 3, 2)
+        assert not np.shares_memory(c[0], c[4]) and not np.shares_memory(c[0], c[2])
+
+
 def test_constant_and_iota_outputs() -> None:
     n = ls.dim("n", 1, 9)
     g = ls.Graph()

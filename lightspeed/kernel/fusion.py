@@ -82,8 +82,18 @@ class Former:
         self.int8_activations = int8_activations
         self.graph = program.graph
         self.outputs: list[Node] = []
+        # an output that is a plain reshape of a computed node is that node's buffer under another shape,
+        # so other kernels read the stored values instead of recomputing them (e.g. new KV-cache rows)
+        self.output_shapes: dict[int, tuple] = {}
         for node, st in program.outputs:
-            if node.op in (Op.INPUT, Op.CONST, Op.IOTA) or not st.is_contiguous or not _same_shape(st.shape, node.shape):
+            stored = node.op not in (Op.INPUT, Op.CONST, Op.IOTA) and st.is_contiguous
+            if stored and _same_shape(st.shape, node.shape):
+                stored = _same_shape(self.output_shapes.setdefault(node.id, node.shape), node.shape)
+            elif stored and sym.same(sym.prod(st.shape), sym.prod(node.shape)):
+                stored = _same_shape(self.output_shapes.setdefault(node.id, st.shape), st.shape)
+            else:
+                stored = False
+            if not stored:
                 node = self.graph.node(Op.CONTIGUOUS, [(node, st)], None, node.dtype, st.shape)
             self.outputs.append(node)
         seen: set[int] = set()
@@ -277,7 +287,8 @@ class Former:
             if n.id in self.in_place:
                 out_bufs[n.id] = self.buffers[self.in_place[n.id].id]
             elif n.id not in out_bufs:
-                out_bufs[n.id] = ir.Buffer("output", n.dtype, n.shape, f"out{k}", slot, nbytes=_nbytes(n))
+                out_bufs[n.id] = ir.Buffer("output", n.dtype, self.output_shapes.get(n.id, n.shape), f"out{k}", slot,
+                                           nbytes=_nbytes(n))
                 slot += 1
         for n in self.nodes:
             if n.id in self.buffers:

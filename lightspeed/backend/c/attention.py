@@ -24,6 +24,7 @@ KEYS = 32  # keys per streamed block (a multiple of 16)
 # register tiles (rows, vectors) of the dot products and the value accumulation, per vector width:
 # 32 vector registers (AVX-512) hold 4 x 4 accumulators, 16 (AVX2 and narrower) hold 4 x 2
 TILES = {64: (4, 4), 32: (4, 2), 16: (4, 2)}
+FEW_ROWS = 4  # a work item with fewer query rows than this (decode) computes dot products row by row
 VECTOR_BYTES = 0  # 0: one tiling per vector width, chosen by the compiler's target; else only this width
 
 
@@ -128,7 +129,8 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
              "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
     lines += [f"    {d}" for d in r.decls(k)]
     NI, NJ = r.idx(shape[-2]), r.idx(t.keys)
-    lines += [f"    const int64_t NI = {NI}, NJ = {NJ}, IB = (NI + {QB - 1}) / {QB};",
+    lines += [f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
+              f"    const int64_t NI = {NI}, NJ = {NJ}, IB = (NI + {QB - 1}) / {QB};",
               "    for (int64_t p = p0; p < p1; p++) {",
               "        int64_t row = p / IB;", "        const int64_t ib = p % IB;"]
     for v, sz in reversed(list(zip(prefix, shape[:-2]))):
@@ -190,8 +192,20 @@ def _scores(r, t: AttentionKernel, prod: _Product | None, KB: int, widths) -> li
                  f"                    for (int64_t d = 0; d < {prod.depth}; d++) kt[d][jj] = 0.0f;",
                  "                }",
                  "            }"]
-        lines += _conditional([(cond, _dot_tile(r, t, prod, KB, vb)) for cond, vb in widths])
+        lines = (["            if (nr >= FEW_ROWS) {"] + lines
+                 + _conditional([(cond, _dot_tile(r, t, prod, KB, vb)) for cond, vb in widths]))
         r.rename[t.i] = "(i0 + rr)"
+        # few query rows (decode): a register tile would mostly multiply zero rows and staging the keys
+        # transposed would cost more than the dot products, so each score is one vectorised dot product
+        lines += ["            } else {",
+                  "                for (int64_t rr = 0; rr < nr; rr++)",
+                  "                    for (int64_t jj = 0; jj < jn; jj++) {",
+                  "                        float dot = 0.0f;",
+                  "                        _Pragma(\"omp simd reduction(+:dot)\")",
+                  f"                        for (int64_t d = 0; d < {prod.depth}; d++) dot += ({r.expr(prod.q)}) * ({r.expr(prod.k)});",
+                  "                        s[rr][jj] = dot;",
+                  "                    }",
+                  "            }"]
         r.rename[placeholder] = "s[rr][jj]"
         post = _replace(t.score, prod.red, ir.Index(placeholder, dt.float32))
         lines += ["            for (int64_t rr = 0; rr < nr; rr++) {",
@@ -262,11 +276,21 @@ def _online_update(t: AttentionKernel, C: str, KB: int) -> list[str]:
 def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
     """acc[rr] += ps[rr][jj] * value(j): the block's value rows are staged once, then register tiles of
     rows by vectors accumulate them."""
-    lines = ["            for (int64_t jj = 0; jj < jn; jj++) {",
+    lines = ["            if (nr >= FEW_ROWS) {",
+             "            for (int64_t jj = 0; jj < jn; jj++) {",
              "                _Pragma(\"omp simd\")",
              f"                for (int64_t e = 0; e < {t.width}; e++) vt[jj][e] = {r.expr(t.value)};",
              "            }"]
-    return lines + _conditional([(cond, _value_tile(t, vb)) for cond, vb in widths])
+    lines += _conditional([(cond, _value_tile(t, vb)) for cond, vb in widths])
+    # few rows: the value rows are read where they are, without staging
+    return lines + ["            } else {",
+                    "                for (int64_t rr = 0; rr < nr; rr++)",
+                    "                    for (int64_t jj = 0; jj < jn; jj++) {",
+                    "                        const float w = ps[rr][jj];",
+                    "                        _Pragma(\"omp simd\")",
+                    f"                        for (int64_t e = 0; e < {t.width}; e++) acc[rr][e] += w * ({r.expr(t.value)});",
+                    "                    }",
+                    "            }"]
 
 
 def _value_tile(t: AttentionKernel, vb: int) -> list[str]:
