@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
+from ..memory import ALIGN, HugePageRegion
 from ..quant import QType, dequantize
 from .plan import byte_shape, convert, parse_target, planned_type
 
@@ -95,12 +96,18 @@ def requantize_file(gf: Any, target: str | QType, release: bool = True) -> Requa
     """``gf`` (a ``GGUFFile``) with its matrices re-encoded as ``target`` (see ``plan.planned_type``)."""
     target = parse_target(target)
     tensors: dict[str, Any] = {}
+    plan = {name: planned_type(tuple(t.shape), t.qtype, target) for name, t in gf.tensors.items()}
+    # the new weights go to one region advised for huge pages, where compiled kernels read them
+    # (lightspeed/memory.py; the C backend would otherwise copy them there)
+    sizes = [int(np.prod(byte_shape(tuple(t.shape), plan[n]), dtype=np.int64))
+             for n, t in gf.tensors.items() if plan[n] is not t.qtype]
+    region = HugePageRegion(sum(-(-b // ALIGN) * ALIGN for b in sizes) + ALIGN) if sizes else None
     for name, t in gf.tensors.items():
-        to = planned_type(tuple(t.shape), t.qtype, target)
+        to = plan[name]
         if to is t.qtype:
             tensors[name] = t
             continue
-        raw = convert(t.raw, t.qtype, to)
+        raw = region.copy(convert(t.raw, t.qtype, to))
         tensors[name] = RequantizedTensor(name, to, tuple(t.shape), raw)
         if release:
             _release_pages(gf, t.offset, t.n_bytes)

@@ -8,6 +8,7 @@ import cffi
 
 import numpy as np
 
+from ... import memory
 from ... import symbolic as sym
 from ...graph import Program
 from ...kernel import form_kernels
@@ -38,6 +39,23 @@ def _shape_function(shape):
 __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "set_spin_time"]
 
 
+HUGE_PAGE_MIN_BYTES = 256 << 10  # smaller constants stay where they are
+
+
+def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """``arrays`` with the large ones not yet in huge-page memory replaced by copies that are (one region
+    for all); the file pages of the originals are released (see lightspeed/memory.py)."""
+    big = [k for k, a in enumerate(arrays) if a.nbytes >= HUGE_PAGE_MIN_BYTES and not memory.in_region(a)]
+    if not big:
+        return arrays
+    region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k in big))
+    out = list(arrays)
+    for k in big:
+        out[k] = region.copy(arrays[k])
+    memory.release_file_pages([arrays[k] for k in big])
+    return out
+
+
 @register_backend("c")
 class CBackend:
     """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags),
@@ -49,12 +67,14 @@ class CBackend:
     them float32, which reproduces a float reference such as transformers token for token), ``search``
     (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
     and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
-    (dimension values to tune at)."""
+    (dimension values to tune at), ``huge_pages`` (copy constants of at least 256 KiB, i.e. weights, once
+    into memory advised for 2 MiB pages, releasing the pages of a read-only file mapping they came from;
+    see lightspeed/memory.py)."""
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
                  templates: bool = True, profile: bool = False, portable: bool = False,
                  int8_activations: bool = False, search: int = 0, search_budget_s: float | None = None,
-                 search_dims: dict | None = None):
+                 search_dims: dict | None = None, huge_pages: bool = True):
         t0 = time.perf_counter()
         self.program = program
         self.plan = form_kernels(program, use_templates=templates, int8_activations=int8_activations)
@@ -80,8 +100,10 @@ class CBackend:
         self._ptrs = _FFI.new("void *[]", max(n_slots, 1))
         self._dims = _FFI.new("int64_t[]", max(len(plan.dims), 1))
         self._consts = [c.array for _, c in plan.consts]  # keep them alive
-        for (b, c) in plan.consts:
-            self._ptrs[b.slot] = _FFI.from_buffer(c.array)
+        if huge_pages:
+            self._consts = _weights_on_huge_pages(self._consts)
+        for (b, _), a in zip(plan.consts, self._consts):
+            self._ptrs[b.slot] = _FFI.from_buffer(a)
         self.arena_bytes = plan.arena_bytes
         self._arena = np.empty(plan.arena_bytes + 64, dtype=np.uint8)
         self._arena_ptr = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)

@@ -1,0 +1,91 @@
+"""Weight memory (lightspeed/memory.py): huge-page regions and releasing file pages after a copy."""
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import lightspeed as ls
+from lightspeed import memory
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and madvise are Linux features")
+
+
+def _smaps_entry(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds ``address``."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+                continue
+            if inside:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    return fields
+
+
+def test_region_arrays_are_aligned_distinct_and_hold_their_values() -> None:
+    region = memory.HugePageRegion(1 << 20)
+    arrays = [np.arange(n, dtype=np.float32) * 0.5 for n in (3, 1000, 70000)]
+    copies = [region.copy(a) for a in arrays]
+    for a, c in zip(arrays, copies):
+        np.testing.assert_array_equal(a, c)
+        assert c.ctypes.data % memory.ALIGN == 0
+        assert memory.in_region(c) and not memory.in_region(a)
+    for i in range(len(copies)):
+        for j in range(i + 1, len(copies)):
+            assert not np.shares_memory(copies[i], copies[j])
+    with pytest.raises(MemoryError, match="do not fit"):
+        region.take(region.nbytes, np.uint8, (region.nbytes,))
+
+
+@linux
+def test_region_is_private_and_advised_for_huge_pages() -> None:
+    thp = "/sys/kernel/mm/transparent_hugepage/enabled"
+    mode = open(thp).read() if os.path.exists(thp) else "[never]"
+    region = memory.HugePageRegion(4 << 20)
+    a = region.take(4 << 20, np.uint8, (4 << 20,))
+    a[...] = 1
+    entry = _smaps_entry(a.ctypes.data)
+    assert entry, "the region is not in /proc/self/smaps"
+    if "[never]" in mode:
+        pytest.skip("transparent huge pages are disabled on this machine")
+    assert entry.get("THPeligible") == "1", entry
+
+
+@linux
+def test_release_file_pages_drops_only_read_only_file_pages(tmp_path) -> None:
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.arange(1 << 20, dtype=np.int32).tobytes())  # 4 MiB
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(m, dtype=np.int32)
+    total = int(view.sum(dtype=np.int64))  # touch every page
+    before = int(_smaps_entry(view.ctypes.data)["Rss"].split()[0])
+    anon = np.ones(1 << 20, dtype=np.int32)
+    assert memory.release_file_pages([view, anon]) == 1
+    after = int(_smaps_entry(view.ctypes.data)["Rss"].split()[0])
+    assert before >= 4000 and after < before // 4, (before, after)
+    assert int(view.sum(dtype=np.int64)) == total  # read again from the file
+    assert (anon == 1).all()
+
+
+def test_c_backend_reads_weights_from_a_region_and_gives_the_same_results() -> None:
+    g = ls.Graph()
+    x = g.input("x", (4, 256), ls.float32)
+    w = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float32)  # 512 KiB: copied
+    out = x @ g.constant(w).T
+    xv = np.random.default_rng(1).standard_normal((4, 256)).astype(np.float32)
+    on = g.compile([out], backend="c")
+    off = g.compile([out], backend="c", huge_pages=False)
+    assert any(memory.in_region(a) for a in on.executor._consts)
+    assert not any(memory.in_region(a) for a in off.executor._consts)
+    np.testing.assert_array_equal(on(x=xv)[0], off(x=xv)[0])
+    np.testing.assert_allclose(on(x=xv)[0], xv @ w.T, rtol=1e-4, atol=1e-4)
