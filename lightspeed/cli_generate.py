@@ -13,6 +13,9 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="c", help="compiler backend (default: c)")
     p.add_argument("--quant", default=None, type=str.lower, choices=["q8_0", "q4_0", "q4_1", "f16", "bf16", "f32"],
                    help="requantize the GGUF model's matrices to this type in memory at load")
+    p.add_argument("--threads", type=int, default=None, help="threads running each step (default: one per core)")
+    p.add_argument("--int8-activations", action="store_true",
+                   help="quantize activations to int8 per block of 32 in the quantized matmuls (as llama.cpp does): faster, ~0.5%% error per product, so greedy output can differ from a float reference")
 
 
 def _sampling_arguments(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -33,7 +36,13 @@ def _sampling_options(args: argparse.Namespace) -> dict:
 
 def _load(args: argparse.Namespace):
     from .api import load
-    return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        from .backend.c import set_num_threads
+        set_num_threads(args.threads)
+    options = {"int8_activations": True} if args.int8_activations else {}
+    return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant, **options)
 
 
 def _fail(e: Exception) -> int:

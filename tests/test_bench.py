@@ -143,3 +143,35 @@ def test_bench_errors(tiny, tmp_path, capsys):
     assert "context of 256" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["bench", "--quant", "q3_k"])
+
+
+def test_int8_activations_reach_the_compiled_step_from_bench_and_generate(tiny, capsys):
+    """``--int8-activations`` compiles the quantized matmuls with an int8 activation scratch (bench reports
+    it; generate runs with it); ``--threads`` sets the pool size and rejects 0."""
+    import io
+    from contextlib import redirect_stdout
+
+    from lightspeed import api
+    from lightspeed.backend.c import get_num_threads, set_num_threads
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = cli.main(["bench", "--model", str(tiny), "--threads", "1", "--prompt-tokens", "4", "--decode-tokens", "2",
+                       "--runs", "1", "--probe-reps", "1", "--int8-activations", "--json", "--quiet"])
+    assert rc == 0
+    r = json.loads(buf.getvalue())
+    assert r["activations"] == "int8" and r["options"]["int8_activations"] is True
+    assert "int8 activations" in format_text(r)
+    with_int8 = api.load(str(tiny), ctx=32, progress=False, int8_activations=True)
+    plain = api.load(str(tiny), ctx=32, progress=False)
+    scratch = [k for k in with_int8.step.program.executor.plan.kernels if k.schedule == "qmatmul" and k.scratch]
+    assert scratch and not [k for k in plain.step.program.executor.plan.kernels if k.scratch]
+    old = get_num_threads()
+    try:
+        assert cli.main(["generate", "--model", str(tiny), "--ctx", "32", "--max-tokens", "3", "--threads", "1",
+                         "--int8-activations", "--json", "hi"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert len(out["token_ids"]) == 3 and get_num_threads() == 1
+        assert cli.main(["generate", "--model", str(tiny), "--threads", "0", "hi"]) == 1
+        assert "--threads" in capsys.readouterr().err
+    finally:
+        set_num_threads(old)

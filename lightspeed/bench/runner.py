@@ -41,6 +41,7 @@ class BenchOptions:
     peers: bool = False
     probe_reps: int = 5
     seed: int = 0
+    int8_activations: bool = False  # Lightspeed's quantized matmuls quantize activations (llama.cpp-style)
     peer_names: tuple[str, ...] = PEERS
 
 
@@ -78,14 +79,14 @@ def main_type(tensors: dict) -> str:
     return max(by_type, key=by_type.get) if by_type else "F32"
 
 
-def _compile_timed(lm, ctx: int, max_chunk: int, cache: str):
+def _compile_timed(lm, ctx: int, max_chunk: int, cache: str, **options):
     """Compile with the C backend using ``cache`` as the compile cache; (step, seconds)."""
     from ..backend.c.compiler import CACHE_ENV
     old = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = cache
     try:
         t0 = time.perf_counter()
-        step = lm.compile(ctx, max_chunk=max_chunk, backend="c")
+        step = lm.compile(ctx, max_chunk=max_chunk, backend="c", **options)
         return step, time.perf_counter() - t0
     finally:
         if old is None:
@@ -142,9 +143,10 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
         max_chunk = min(opts.prompt_tokens, 512)
         log(f"compiling (cold cache: {scratch}/cache)")
         cache = os.path.join(scratch, "cache")
-        step, cold_s = _compile_timed(lm, ctx, max_chunk, cache)
+        options = {"int8_activations": True} if opts.int8_activations else {}
+        step, cold_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
         del step
-        step, warm_s = _compile_timed(lm, ctx, max_chunk, cache)
+        step, warm_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
         engines = [LightspeedEngine(step)]
         prompt = np.random.default_rng(opts.seed).integers(0, lm.config.vocab_size, opts.prompt_tokens)
         # one untimed run pages the weights in and starts the threads; Lightspeed's peak memory is read
@@ -206,6 +208,7 @@ def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, war
         "model_file_bytes": os.path.getsize(path),
         "quant": target.name if target is not None else main_type(tensors),
         "requantized_in_memory": target is not None,
+        "activations": "int8" if opts.int8_activations else "float32",
         "weight_bytes_by_type": by_type,
         "threads": threads,
         "prompt_tokens": opts.prompt_tokens,

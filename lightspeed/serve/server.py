@@ -33,6 +33,7 @@ class ServeOptions:
     log_level: str = "warning"
     backend: str = "c"
     threads: int | None = None           # threads of the C backend's pool (None: one per core)
+    int8_activations: bool = False       # int8 activations in the quantized matmuls (faster, not bit-exact)
 
 
 def model_name(path: str) -> str:
@@ -60,11 +61,12 @@ def build_state(opts: ServeOptions):
         from ..backend.c import set_num_threads
         set_num_threads(opts.threads)
     t0 = time.perf_counter()
-    model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False)
+    options = {"int8_activations": True} if opts.int8_activations else {}
+    model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options)
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
     if supports(model.lm):
         t0 = time.perf_counter()
-        stepper = BatchedStep(model.lm, model.step.ctx, opts.max_batch, backend=opts.backend)
+        stepper = BatchedStep(model.lm, model.step.ctx, opts.max_batch, backend=opts.backend, **options)
         _log(f"compiled the batched step (up to {opts.max_batch} sequences) in {time.perf_counter() - t0:.1f} s")
     else:
         stepper = SequentialStepper(model.step, opts.max_batch)
