@@ -17,6 +17,7 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
+from ...kernel.fusion import _coef
 from ...ops import Op
 
 ROWS = 32  # query rows per work item: they share each staged block of keys and values
@@ -146,6 +147,20 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
               "        }"]
     if prod is not None:
         lines.append(f"        float kt[{prod.depth}][{KB}];")
+    if _lanes_fit(t, prod, KB):  # the few-rows path: staged key rows and query rows
+        lines += [f"        float kb[{KB}][{prod.depth}], qs[FEW_ROWS][{prod.depth}];",
+                  f"        const float *kp[{KB}], *vp[{KB}];",
+                  f"        static const float ls_zero_row[{max(prod.depth, EV)}];"]
+        r.rename[t.i] = "(i0 + rr)"
+        r.rename[prod.red.var] = "d"
+        lines += ["        if (nr < FEW_ROWS) {",
+                  "            for (int64_t rr = 0; rr < nr; rr++) {",
+                  "                _Pragma(\"omp simd\")",
+                  f"                for (int64_t d = 0; d < {prod.depth}; d++) qs[rr][d] = {r.expr(prod.q)};",
+                  "            }",
+                  "        }"]
+        r.rename.pop(prod.red.var, None)
+        r.rename.pop(t.i, None)
     lines += [f"        for (int64_t j0 = 0; j0 < NJ; j0 += {KB}) {{",
               f"            const int64_t jn = ls_min({KB}, NJ - j0);"]
     r.rename[t.j] = "(j0 + jj)"
@@ -197,15 +212,18 @@ def _scores(r, t: AttentionKernel, prod: _Product | None, KB: int, widths) -> li
         r.rename[t.i] = "(i0 + rr)"
         # few query rows (decode): a register tile would mostly multiply zero rows and staging the keys
         # transposed would cost more than the dot products, so each score is one vectorised dot product
-        lines += ["            } else {",
-                  "                for (int64_t rr = 0; rr < nr; rr++)",
-                  "                    for (int64_t jj = 0; jj < jn; jj++) {",
-                  "                        float dot = 0.0f;",
-                  "                        _Pragma(\"omp simd reduction(+:dot)\")",
-                  f"                        for (int64_t d = 0; d < {prod.depth}; d++) dot += ({r.expr(prod.q)}) * ({r.expr(prod.k)});",
-                  "                        s[rr][jj] = dot;",
-                  "                    }",
-                  "            }"]
+        if _lanes_fit(t, prod, KB):
+            lines += ["            } else {"] + _few_rows_scores(r, t, prod, KB) + ["            }"]
+        else:
+            lines += ["            } else {",
+                      "                for (int64_t rr = 0; rr < nr; rr++)",
+                      "                    for (int64_t jj = 0; jj < jn; jj++) {",
+                      "                        float dot = 0.0f;",
+                      "                        _Pragma(\"omp simd reduction(+:dot)\")",
+                      f"                        for (int64_t d = 0; d < {prod.depth}; d++) dot += ({r.expr(prod.q)}) * ({r.expr(prod.k)});",
+                      "                        s[rr][jj] = dot;",
+                      "                    }",
+                      "            }"]
         r.rename[placeholder] = "s[rr][jj]"
         post = _replace(t.score, prod.red, ir.Index(placeholder, dt.float32))
         lines += ["            for (int64_t rr = 0; rr < nr; rr++) {",
@@ -282,6 +300,8 @@ def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
              f"                for (int64_t e = 0; e < {t.width}; e++) vt[jj][e] = {r.expr(t.value)};",
              "            }"]
     lines += _conditional([(cond, _value_tile(t, vb)) for cond, vb in widths])
+    if _lanes_fit(t, split_product(t), KB):
+        return lines + ["            } else {"] + _few_rows_values(r, t) + ["            }"]
     # few rows: the value rows are read where they are, without staging
     return lines + ["            } else {",
                     "                for (int64_t rr = 0; rr < nr; rr++)",
@@ -291,6 +311,99 @@ def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
                     f"                        for (int64_t e = 0; e < {t.width}; e++) acc[rr][e] += w * ({r.expr(t.value)});",
                     "                    }",
                     "            }"]
+
+
+LANES = 8  # floats per vector of the few-rows path (ls_v8 in the prelude)
+
+
+def _lanes_fit(t: AttentionKernel, prod: _Product | None, KB: int) -> bool:
+    """Whether the vectorised few-rows path applies: head sizes and the key block in whole vectors."""
+    return prod is not None and prod.depth % LANES == 0 and t.width % LANES == 0 and KB % LANES == 0
+
+
+def _row_sources(x: ir.IR, var: sym.Var) -> list[tuple[sym.sint | None, ir.Load]] | None:
+    """``x`` (a key or value element, ``var`` its position in the row) as a sum of float32 loads that
+    are contiguous along ``var``, each under an optional condition independent of ``var``; else None."""
+    if isinstance(x, ir.Load):
+        ok = x.dtype is dt.float32 and x.buf.dtype is dt.float32 and _coef(x.offset, var) == 1
+        return [(None, x)] if ok else None
+    if isinstance(x, ir.Select) and var not in sym.free_vars(x.valid):
+        inner = _row_sources(x.value, var)
+        return [(x.valid, inner[0][1])] if inner is not None and len(inner) == 1 and inner[0][0] is None else None
+    if isinstance(x, ir.Alu) and x.op is Op.ADD:
+        parts = [_row_sources(y, var) for y in x.args]
+        return None if any(p_ is None for p_ in parts) else [z for p_ in parts for z in p_]
+    return None
+
+
+def _row_pointers(r, x: ir.IR, var: sym.Var, size: int, ptrs: str, stage: str, L: int) -> list[str]:
+    """Fill ``ptrs[jj]`` with the address of key/value row jj of the block (``size`` floats). A row that
+    is one contiguous source (e.g. a cached row or a new row of a concatenation) is read where it is;
+    any other row is evaluated into ``stage[jj]``. Rows past jn up to a whole vector of keys are zeros."""
+    sources = _row_sources(x, var)
+    lines = ["                for (int64_t jj = 0; jj < jn; jj++) {"]
+    if sources is not None:
+        lines += ["                    const float *src = ls_zero_row; int nsrc = 0;"]
+        saved = r.rename.get(var)
+        r.rename[var] = "0"  # the row's address: its element 0
+        try:
+            for valid, load in sources:
+                take = f"src = &{r.buf(load.buf)}[{r.idx(load.offset)}]; nsrc++;"
+                lines.append(f"                    {take}" if valid is None else
+                             f"                    if ({r.idx(valid)}) {{ {take} }}")
+        finally:
+            if saved is None:
+                r.rename.pop(var, None)
+            else:
+                r.rename[var] = saved
+        lines += ["                    if (nsrc > 1) {  /* overlapping sources: their sum, evaluated */",
+                  "                        _Pragma(\"omp simd\")",
+                  f"                        for (int64_t {r.var(var)} = 0; {r.var(var)} < {size}; {r.var(var)}++) "
+                  f"{stage}[jj][{r.var(var)}] = {r.expr(x)};",
+                  f"                        src = {stage}[jj];",
+                  "                    }",
+                  f"                    {ptrs}[jj] = src;"]
+    else:
+        lines += ["                    _Pragma(\"omp simd\")",
+                  f"                    for (int64_t {r.var(var)} = 0; {r.var(var)} < {size}; {r.var(var)}++) "
+                  f"{stage}[jj][{r.var(var)}] = {r.expr(x)};",
+                  f"                    {ptrs}[jj] = {stage}[jj];"]
+    return lines + ["                }",
+                    f"                for (int64_t jj = jn; jj < ((jn + {L - 1}) / {L}) * {L}; jj++) {ptrs}[jj] = ls_zero_row;"]
+
+
+def _few_rows_scores(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str]:
+    """s[rr][jj] for few query rows: LANES keys at a time get LANES independent vector dot products,
+    summed across lanes together (ls_sum8x8). Key rows are read in place when they can be."""
+    D, L = prod.depth, LANES
+    return _row_pointers(r, prod.k, prod.red.var, D, "kp", "kb", L) + [
+            "                for (int64_t rr = 0; rr < nr; rr++) {",
+            f"                    for (int64_t jj = 0; jj < jn; jj += {L}) {{",
+            f"                        ls_v8 dots[{L}] = {{{{0}}}};",
+            f"                        for (int64_t c = 0; c < {D // L}; c++) {{",
+            f"                            const ls_v8 qc = ls_load8(&qs[rr][{L} * c]);",
+            f"                            for (int u = 0; u < {L}; u++) dots[u] += qc * ls_load8(kp[jj + u] + {L} * c);",
+            "                        }",
+            "                        const ls_v8 sums = ls_sum8x8(dots);",
+            "                        memcpy(&s[rr][jj], &sums, sizeof sums);",
+            "                    }",
+            "                }"]
+
+
+def _few_rows_values(r, t: AttentionKernel) -> list[str]:
+    """acc[rr] += sum_jj ps[rr][jj] * value(j0 + jj) for few query rows; each row's accumulator stays
+    in vector registers over the block. Value rows are read in place when they can be."""
+    E, L = t.width, LANES
+    return _row_pointers(r, t.value, t.e, E, "vp", "vt", L) + [
+            "                for (int64_t rr = 0; rr < nr; rr++) {",
+            f"                    ls_v8 av[{E // L}];",
+            f"                    for (int c = 0; c < {E // L}; c++) av[c] = ls_load8(&acc[rr][{L} * c]);",
+            "                    for (int64_t jj = 0; jj < jn; jj++) {",
+            "                        const float w = ps[rr][jj];",
+            f"                        for (int c = 0; c < {E // L}; c++) av[c] += w * ls_load8(vp[jj] + {L} * c);",
+            "                    }",
+            "                    memcpy(&acc[rr][0], av, sizeof av);",
+            "                }"]
 
 
 def _value_tile(t: AttentionKernel, vb: int) -> list[str]:

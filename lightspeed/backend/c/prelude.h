@@ -96,6 +96,30 @@ static inline float ls_sinf(float x) {
 /* max that propagates NaN like numpy */
 static inline float ls_maxf(float a, float b) { return (b > a || b != b) ? b : a; }
 
+/* 8 floats as one value (two SSE or one AVX register), for kernels written with vector arithmetic */
+typedef float ls_v8 __attribute__((vector_size(32)));
+static inline ls_v8 ls_load8(const float *p) { ls_v8 v; memcpy(&v, p, sizeof v); return v; }
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+/* lane u of the result = the sum of the 8 lanes of a[u] */
+static inline ls_v8 ls_sum8x8(const ls_v8 *a) {
+#if defined(__AVX__)
+    const __m256 h0 = _mm256_hadd_ps((__m256)a[0], (__m256)a[1]), h1 = _mm256_hadd_ps((__m256)a[2], (__m256)a[3]);
+    const __m256 h2 = _mm256_hadd_ps((__m256)a[4], (__m256)a[5]), h3 = _mm256_hadd_ps((__m256)a[6], (__m256)a[7]);
+    const __m256 g0 = _mm256_hadd_ps(h0, h1), g1 = _mm256_hadd_ps(h2, h3);  /* quarter sums of a0-3 | a4-7 */
+    return (ls_v8)_mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+#else
+    ls_v8 r;
+    for (int u = 0; u < 8; u++) {
+        float s = 0.0f;
+        for (int l = 0; l < 8; l++) s += a[u][l];
+        r[u] = s;
+    }
+    return r;
+#endif
+}
+
 /* saturating float -> int conversions (NaN -> 0), matching the reference backend */
 #define LS_F2I(name, T, LO, HI) \
     static inline T name(float x) { \
