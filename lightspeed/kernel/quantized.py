@@ -22,7 +22,8 @@ INT8_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
 
 def int8_scratch_layout(rows: int, k: int) -> tuple[int, int, int]:
     """Byte offsets of (block scales, block sums, end) in the scratch of quantized activations:
-    int8 values [rows][k], then float scales and int32 sums [rows][k/32], each part 64-byte aligned."""
+    int8 values [rows][k], then float scales and float scaled sums (scale * sum of the block's int8
+    values) [rows][k/32], each part 64-byte aligned."""
     def up(n: int) -> int:
         return (n + 63) // 64 * 64
     d_off = up(rows * k)

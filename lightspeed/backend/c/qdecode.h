@@ -79,9 +79,28 @@ static inline void ls_dq_q6_k(const uint8_t *b, float *restrict w) {
     }
 }
 
-/* Dot products of one weight row (nblk blocks of 32) with up to 4 activation rows, for the
- * 32-element formats. With AVX-512 each block is decoded into two 16-float vectors once and
- * multiplied into every row; elsewhere the portable decoders above are used. */
+/* Dot products of one weight row (nblk blocks of 32) with up to LS_QMM_ROWS activation rows (row stride K),
+ * for the 32-element formats: each weight block is loaded and decoded once, then multiplied into every
+ * row, so a batch of up to 8 rows (batched decode) reads and decodes the weights once. Each row's
+ * arithmetic does not depend on how many rows share the pass: a sequence's result is the same alone or
+ * batched. Elsewhere the portable decoders above are used. */
+#define LS_QMM_ROWS 8
+#ifndef LS_QMM_PREFETCH
+#define LS_QMM_PREFETCH 4096
+#endif
+#if LS_QMM_PREFETCH > 0
+#define LS_PF(...) __builtin_prefetch(__VA_ARGS__)
+#else
+#define LS_PF(...) ((void)0)
+#endif
+/* a switch over the row count calling an always-inlined body with a constant row count, so that the
+ * accumulators of every row live in registers */
+#define LS_QMM_DISPATCH(BODY, ...) do { switch (mr) { \
+    case 1: BODY(__VA_ARGS__, 1); break; case 2: BODY(__VA_ARGS__, 2); break; \
+    case 3: BODY(__VA_ARGS__, 3); break; case 4: BODY(__VA_ARGS__, 4); break; \
+    case 5: BODY(__VA_ARGS__, 5); break; case 6: BODY(__VA_ARGS__, 6); break; \
+    case 7: BODY(__VA_ARGS__, 7); break; default: BODY(__VA_ARGS__, 8); break; } } while (0)
+
 #if defined(__AVX2__)
 #include <immintrin.h>
 /* horizontal sum of 8 floats (used by the AVX2 and int8 dot products) */
@@ -90,6 +109,14 @@ static inline float ls_hsum256(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
+}
+/* a float16 field broadcast to 8 floats (two instructions where the scalar conversion takes four) */
+static inline __m256 ls_bcast8_f16(const uint8_t *p) {
+#if defined(__F16C__)
+    int16_t h; memcpy(&h, p, 2); return _mm256_cvtph_ps(_mm_set1_epi16(h));
+#else
+    return _mm256_set1_ps(ls_f16(p));
+#endif
 }
 #endif
 
@@ -122,35 +149,27 @@ static inline __m512 ls_bcast_f16(const uint8_t *p) { return _mm512_set1_ps(ls_f
     w0 = _mm512_fmadd_ps(d_, lo_, m_); w1 = _mm512_fmadd_ps(d_, hi_, m_); \
 } while (0)
 
+/* two accumulators per row (16 zmm registers at 8 rows) */
 #define LS_QDOT_AVX512(NAME, DEC, BB) \
-static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
-                        int64_t mr, float *restrict out, int64_t ostride) { \
-    __m512 a0[4], a1[4]; \
-    for (int r = 0; r < 4; r++) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
-    if (mr == 1) { \
-        for (int64_t b = 0; b < nblk; b++) { \
-            __builtin_prefetch(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
-            __m512 w0, w1; DEC(w + b * (BB), w0, w1); \
-            a0[0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * b), a0[0]); \
-            a1[0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * b + 16), a1[0]); \
-        } \
-    } else { \
-        for (int64_t b = 0; b < nblk; b++) { \
-            __builtin_prefetch(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
-            __m512 w0, w1; DEC(w + b * (BB), w0, w1); \
-            for (int r = 0; r < 4; r++) { \
-                if (r < mr) { \
-                    a0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * K + 32 * b), a0[r]); \
-                    a1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * K + 32 * b + 16), a1[r]); \
-                } \
-            } \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const float *restrict x, \
+        int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int MR) { \
+    __m512 a0[LS_QMM_ROWS], a1[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { a0[r] = _mm512_setzero_ps(); a1[r] = _mm512_setzero_ps(); } \
+    for (int64_t b = 0; b < nblk; b++) { \
+        LS_PF(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+        __m512 w0, w1; DEC(w + b * (BB), w0, w1); \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) { \
+            a0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * K + 32 * b), a0[r]); \
+            a1[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * K + 32 * b + 16), a1[r]); \
         } \
     } \
-    for (int r = 0; r < mr; r++) out[r * ostride] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])); \
+    for (int r = 0; r < MR; r++) out[r * ostride] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])); \
+} \
+static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
+                        int64_t mr, float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
 }
-#ifndef LS_QMM_PREFETCH
-#define LS_QMM_PREFETCH 4096
-#endif
 LS_QDOT_AVX512(ls_qdot_q8_0, LS_DEC_Q8_0, 34)
 LS_QDOT_AVX512(ls_qdot_q4_0, LS_DEC_Q4_0, 18)
 LS_QDOT_AVX512(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
@@ -159,66 +178,77 @@ LS_QDOT_AVX512(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
 #define LS_HAVE_QDOT_q4_1 1
 
 #elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 
-/* the same with 256-bit vectors: a block of 32 decodes into four 8-float vectors */
-static inline __m256 ls_bcast_f16(const uint8_t *p) { return _mm256_set1_ps(ls_f16(p)); }
-static inline __m256 ls_u8x8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+/* the same with 256-bit vectors: a block of 32 is four 8-float vectors */
+static inline __m256 ls_i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+static inline __m256 ls_u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
-#define LS_DEC_Q8_0(b, w) do { \
-    const __m256 d_ = ls_bcast_f16(b); \
-    for (int i_ = 0; i_ < 4; i_++) \
-        w[i_] = _mm256_mul_ps(d_, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32( \
-            _mm_loadl_epi64((const __m128i *)((b) + 2 + 8 * i_))))); \
+/* A block's values before its scale d (q8_0: q; q4_0: nibble - 8; q4_1: nibble), and for q4_1 the
+ * weights themselves (d*v + m). */
+#define LS_VALS_Q8_0(b, v) do { \
+    for (int i_ = 0; i_ < 4; i_++) v[i_] = ls_i8x8_ps(_mm_loadl_epi64((const __m128i *)((b) + 2 + 8 * i_))); \
 } while (0)
-
-#define LS_NIBBLES8(q, w) do { \
-    const __m128i bytes_ = _mm_loadu_si128((const __m128i *)(q)); \
-    const __m128i lo_ = _mm_and_si128(bytes_, _mm_set1_epi8(15)); \
-    const __m128i hi_ = _mm_and_si128(_mm_srli_epi16(bytes_, 4), _mm_set1_epi8(15)); \
-    w[0] = ls_u8x8_to_ps(lo_); w[1] = ls_u8x8_to_ps(_mm_srli_si128(lo_, 8)); \
-    w[2] = ls_u8x8_to_ps(hi_); w[3] = ls_u8x8_to_ps(_mm_srli_si128(hi_, 8)); \
+#define LS_NIBBLES8(q, v, OFF, CVT) do { \
+    const __m128i bytes_ = _mm_loadu_si128((const __m128i *)(q)), m15_ = _mm_set1_epi8(15); \
+    const __m128i lo_ = _mm_sub_epi8(_mm_and_si128(bytes_, m15_), _mm_set1_epi8(OFF)); \
+    const __m128i hi_ = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes_, 4), m15_), _mm_set1_epi8(OFF)); \
+    v[0] = CVT(lo_); v[1] = CVT(_mm_srli_si128(lo_, 8)); v[2] = CVT(hi_); v[3] = CVT(_mm_srli_si128(hi_, 8)); \
 } while (0)
+#define LS_VALS_Q4_0(b, v) LS_NIBBLES8((b) + 2, v, 8, ls_i8x8_ps)
+#define LS_VALS_Q4_1(b, v) LS_NIBBLES8((b) + 4, v, 0, ls_u8x8_ps)
+#define LS_WEIGHTS_Q4_1(b, v) do { const __m256 d_ = ls_bcast8_f16(b), m_ = ls_bcast8_f16((b) + 2); \
+    LS_VALS_Q4_1(b, v); for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_fmadd_ps(d_, v[i_], m_); } while (0)
 
-#define LS_DEC_Q4_0(b, w) do { \
-    const __m256 d_ = ls_bcast_f16(b), off_ = _mm256_set1_ps(-8.0f); \
-    LS_NIBBLES8((b) + 2, w); \
-    for (int i_ = 0; i_ < 4; i_++) w[i_] = _mm256_mul_ps(d_, _mm256_add_ps(w[i_], off_)); \
-} while (0)
+/* sum of v[i] * xr[8i..8i+7] as 8 lanes, two short chains */
+static inline __m256 ls_dot4x8(const __m256 *v, const float *xr) {
+    __m256 p0 = _mm256_mul_ps(v[0], _mm256_loadu_ps(xr)), p1 = _mm256_mul_ps(v[1], _mm256_loadu_ps(xr + 8));
+    p0 = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xr + 16), p0);
+    p1 = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xr + 24), p1);
+    return _mm256_add_ps(p0, p1);
+}
 
-#define LS_DEC_Q4_1(b, w) do { \
-    const __m256 d_ = ls_bcast_f16(b), m_ = ls_bcast_f16((b) + 2); \
-    LS_NIBBLES8((b) + 4, w); \
-    for (int i_ = 0; i_ < 4; i_++) w[i_] = _mm256_fmadd_ps(d_, w[i_], m_); \
-} while (0)
-
-
-#define LS_QDOT_AVX2(NAME, DEC, BB) \
+/* q8_0, q4_0: per row and block, the dot product of the unscaled values with x, then one FMA with the
+ * block's scale (fewer operations per row than scaling 32 weights, and one dependent FMA per block).
+ * A row's arithmetic is the same whatever the row count, so batching does not change its result. */
+#define LS_QDOT_AVX2_D(NAME, VALS, BB) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const float *restrict x, \
+        int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int MR) { \
+    __m256 acc[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps(); \
+    for (int64_t b = 0; b < nblk; b++) { \
+        LS_PF(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+        __m256 v[4]; VALS(w + b * (BB), v); \
+        const __m256 d = ls_bcast8_f16(w + b * (BB)); \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) acc[r] = _mm256_fmadd_ps(ls_dot4x8(v, x + r * K + 32 * b), d, acc[r]); \
+    } \
+    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]); \
+} \
 static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
                         int64_t mr, float *restrict out, int64_t ostride) { \
-    __m256 acc[4][2]; \
-    for (int r = 0; r < 4; r++) { acc[r][0] = _mm256_setzero_ps(); acc[r][1] = _mm256_setzero_ps(); } \
-    for (int64_t b = 0; b < nblk; b++) { \
-        __builtin_prefetch(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
-        __m256 wv[4]; DEC(w + b * (BB), wv); \
-        for (int r = 0; r < 4; r++) { \
-            if (r < mr) { \
-                const float *xr = x + r * K + 32 * b; \
-                acc[r][0] = _mm256_fmadd_ps(wv[0], _mm256_loadu_ps(xr), acc[r][0]); \
-                acc[r][1] = _mm256_fmadd_ps(wv[1], _mm256_loadu_ps(xr + 8), acc[r][1]); \
-                acc[r][0] = _mm256_fmadd_ps(wv[2], _mm256_loadu_ps(xr + 16), acc[r][0]); \
-                acc[r][1] = _mm256_fmadd_ps(wv[3], _mm256_loadu_ps(xr + 24), acc[r][1]); \
-            } \
-        } \
-    } \
-    for (int r = 0; r < mr; r++) out[r * ostride] = ls_hsum256(_mm256_add_ps(acc[r][0], acc[r][1])); \
+    LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
 }
-#ifndef LS_QMM_PREFETCH
-#define LS_QMM_PREFETCH 4096
-#endif
-LS_QDOT_AVX2(ls_qdot_q8_0, LS_DEC_Q8_0, 34)
-LS_QDOT_AVX2(ls_qdot_q4_0, LS_DEC_Q4_0, 18)
-LS_QDOT_AVX2(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
+/* q4_1 (w = d*v + m): the weights decoded once per block, then summed into every row */
+#define LS_QDOT_AVX2_W(NAME, WEIGHTS, BB) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const float *restrict x, \
+        int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int MR) { \
+    __m256 acc[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps(); \
+    for (int64_t b = 0; b < nblk; b++) { \
+        LS_PF(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+        __m256 v[4]; WEIGHTS(w + b * (BB), v); \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) acc[r] = _mm256_add_ps(acc[r], ls_dot4x8(v, x + r * K + 32 * b)); \
+    } \
+    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]); \
+} \
+static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
+                        int64_t mr, float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
+}
+LS_QDOT_AVX2_D(ls_qdot_q8_0, LS_VALS_Q8_0, 34)
+LS_QDOT_AVX2_D(ls_qdot_q4_0, LS_VALS_Q4_0, 18)
+LS_QDOT_AVX2_W(ls_qdot_q4_1, LS_WEIGHTS_Q4_1, 20)
 #define LS_HAVE_QDOT_q8_0 1
 #define LS_HAVE_QDOT_q4_0 1
 #define LS_HAVE_QDOT_q4_1 1
@@ -226,25 +256,52 @@ LS_QDOT_AVX2(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
 
 /* ---- int8 activations (as GGUF's Q8_0 x Q8_0 dot products): each activation row is quantized per
  * block of 32 to int8 with a float scale, and weight blocks are multiplied in integer arithmetic.
- * ls_quantize_rows writes, for M rows of K floats: q[M][K] int8, d[M][K/32] float, s[M][K/32] int32
- * (the sum of each block's int8 values, for the offset/min terms of Q4_0 and Q4_1). */
+ * ls_quantize_rows writes, for M rows of K floats: q[M][K] int8, d[M][K/32] float (the scales) and
+ * s[M][K/32] float (each block's scale times the sum of its int8 values, for the min term of Q4_1). */
 static inline void ls_quantize_rows(const float *restrict x, int64_t M, int64_t K, int8_t *restrict q,
-                                    float *restrict d, int32_t *restrict s) {
+                                    float *restrict d, float *restrict s) {
     const int64_t nb = K / 32;
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + m * K + 32 * b;
+            int8_t *qb = q + m * K + 32 * b;
+#if defined(__AVX2__)
+            /* the same values as the loops below, vectorised (gcc leaves the max reduction scalar) */
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 v[4];
+            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
+            const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+            const float amax = _mm_cvtss_f32(h);
+            const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            __m256i iv[4];
+            for (int i = 0; i < 4; i++)
+                iv[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)),
+                                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            /* int32 -> int8; the packs interleave 128-bit lanes, the permutation restores the order */
+            const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+            _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+            const int32_t sum = _mm_cvtsi128_si32(t4);
+#else
             float amax = 0.0f;
             for (int i = 0; i < 32; i++) { float v = fabsf(xb[i]); amax = v > amax ? v : amax; }
             const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) {
                 int v = (int)__builtin_nearbyintf(xb[i] * inv);
-                q[m * K + 32 * b + i] = (int8_t)v;
+                qb[i] = (int8_t)v;
                 sum += v;
             }
+#endif
             d[m * nb + b] = scale;
-            s[m * nb + b] = sum;
+            s[m * nb + b] = scale * (float)sum;
         }
     }
 }
@@ -259,55 +316,55 @@ static inline __m256i ls_dot_u8s8(__m256i u, __m256i s) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
 }
-static inline __m256i ls_nibbles32(const uint8_t *q) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)q);
-    const __m128i lo = _mm_and_si128(bytes, _mm_set1_epi8(15));
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(15));
-    return _mm256_set_m128i(hi, lo);
+/* the 32 nibbles of a q4 block in element order (low nibbles, then high), minus OFF, as bytes */
+static inline __m256i ls_nibbles32(const uint8_t *q, int off) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)q), m15 = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(bytes, m15), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), m15);
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8((char)off));
 }
 
-/* one weight row (nblk blocks) against up to 4 quantized activation rows (stride K, nb) */
-#define LS_QDOT_I8(NAME, BB, BODY, FINISH) \
-static inline void NAME(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd, \
-                        const int32_t *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
-                        float *restrict out, int64_t ostride) { \
-    __m256 acc[4]; float corr[4]; \
-    for (int r = 0; r < 4; r++) { acc[r] = _mm256_setzero_ps(); corr[r] = 0.0f; } \
+/* One weight row (nblk blocks) against up to LS_QMM_ROWS quantized activation rows (strides K and nblk).
+ * SIGNED formats (q8_0; q4_0 as nibble - 8) multiply |w| by x carrying w's sign, so |w| is computed
+ * once per block for every row; q4_1 multiplies its unsigned nibbles directly and adds m * d_x * sum(x)
+ * per block. A row's arithmetic is the same whatever the row count (batching does not change it). */
+#define LS_I8_WEIGHTS(b, WVALS) \
+    const uint8_t *blk_ = w + (b) * BB_; \
+    const __m256i wv_ = WVALS(blk_); \
+    const __m256i wu_ = SIGNED_ ? _mm256_sign_epi8(wv_, wv_) : wv_; \
+    const __m256 dw_ = ls_bcast8_f16(blk_);
+#define LS_I8_ROW(b, r, acc) do { \
+    __m256i xv_ = _mm256_loadu_si256((const __m256i *)(xq + (r) * K + 32 * (b))); \
+    if (SIGNED_) xv_ = _mm256_sign_epi8(xv_, wv_); \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ls_dot_u8s8(wu_, xv_)), \
+                          _mm256_mul_ps(dw_, _mm256_broadcast_ss(xd + (r) * nblk + (b))), acc); \
+    if (MIN_) corr[r] += ls_f16(blk_ + 2) * xs[(r) * nblk + (b)]; \
+} while (0)
+#define LS_QDOT_I8(NAME, BB, SIGNED, WVALS, MIN) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int8_t *restrict xq, \
+        const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
+        int64_t ostride, const int MR) { \
+    enum { BB_ = BB, SIGNED_ = SIGNED, MIN_ = MIN }; \
+    __m256 acc[LS_QMM_ROWS]; float corr[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = _mm256_setzero_ps(); corr[r] = 0.0f; } \
     for (int64_t b = 0; b < nblk; b++) { \
-        const uint8_t *blk = w + b * (BB); \
-        __builtin_prefetch(blk + LS_QMM_PREFETCH, 0, 3); \
-        for (int r = 0; r < 4; r++) { \
-            if (r < mr) { \
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + 32 * b)); \
-                const float dx = xd[r * nblk + b]; const int32_t sx = xs[r * nblk + b]; \
-                BODY \
-            } \
-        } \
+        LS_PF(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
+        LS_I8_WEIGHTS(b, WVALS) \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) LS_I8_ROW(b, r, acc[r]); \
     } \
-    for (int r = 0; r < mr; r++) out[r * ostride] = ls_hsum256(acc[r]) FINISH; \
+    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]) + corr[r]; \
+} \
+static inline void NAME(const uint8_t *restrict w, const int8_t *restrict xq, const float *restrict xd, \
+                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                        float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
 }
-#ifndef LS_QMM_PREFETCH
-#define LS_QMM_PREFETCH 4096
-#endif
-/* Q8_0: sign trick (|w| unsigned, x takes w's sign) */
-LS_QDOT_I8(ls_qdot8_q8_0, 34, {
-    const __m256i wv = _mm256_loadu_si256((const __m256i *)(blk + 2));
-    const __m256i p = ls_dot_u8s8(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ls_f16(blk) * dx), acc[r]);
-    (void)sx;
-}, + 0.0f)
-/* Q4_0: w = d*(nib - 8): d*dx*(sum nib*x - 8*sum x) */
-LS_QDOT_I8(ls_qdot8_q4_0, 18, {
-    const float dd = ls_f16(blk) * dx;
-    const __m256i p = ls_dot_u8s8(ls_nibbles32(blk + 2), xv);
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dd), acc[r]);
-    corr[r] -= 8.0f * dd * (float)sx;
-}, + corr[r])
-/* Q4_1: w = d*nib + m: d*dx*sum nib*x + m*dx*sum x */
-LS_QDOT_I8(ls_qdot8_q4_1, 20, {
-    const __m256i p = ls_dot_u8s8(ls_nibbles32(blk + 4), xv);
-    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(ls_f16(blk) * dx), acc[r]);
-    corr[r] += ls_f16(blk + 2) * dx * (float)sx;
-}, + corr[r])
+/* a block's 32 weights as bytes: int8 (q8_0, q4_0 nibble - 8) or uint8 (q4_1 nibble) */
+#define LS_W8_Q8_0(p) _mm256_loadu_si256((const __m256i *)((p) + 2))
+#define LS_W8_Q4_0(p) ls_nibbles32((p) + 2, 8)
+#define LS_W8_Q4_1(p) ls_nibbles32((p) + 4, 0)
+LS_QDOT_I8(ls_qdot8_q8_0, 34, 1, LS_W8_Q8_0, 0)
+LS_QDOT_I8(ls_qdot8_q4_0, 18, 1, LS_W8_Q4_0, 0)
+LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #define LS_HAVE_QDOT8 1
 #endif

@@ -24,8 +24,10 @@ from ...ops import Op
 PRELUDE = (Path(__file__).with_name("prelude.h")).read_text() + (Path(__file__).with_name("qdecode.h")).read_text()
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
-QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row tile)
-QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (the hardware prefetcher lags)
+QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row group)
+QMM_DECODE_BYTES = 16 * 1024  # ... when one row group is all there is (decode): small items balance the threads
+QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (LS_QMM_PREFETCH in qdecode.h)
+QMM_ROWS = 8  # activation rows per pass over a weight row (LS_QMM_ROWS in qdecode.h)
 ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
 # --- lowered kernels (search hook): schedule name -> function (renderer, kernel) -> (function, launch)
@@ -311,8 +313,10 @@ class KernelRenderer:
     def quantized_matmul(self, k: ir.Kernel) -> tuple[str, str]:
         """out[m, n] = sum_k x[m, k] * decode(raw)[n, k]: weight rows decoded block by block in registers.
 
-        A work item is a chunk of weight rows small enough to stay in L2 while every tile of
-        ROW_BLOCK activation rows streams past it, so the weights come from memory once per call."""
+        Each weight block is decoded once for a group of up to QMM_ROWS activation rows. A work item is a
+        chunk of weight rows small enough to stay in L2 while every row group streams past it, so the
+        weights come from memory once per call; with a single row group (decode, batched decode) nothing
+        is re-read, and smaller items spread the weight stream evenly over the threads."""
         q = k.template
         fmt = block_format(q.qtype)
         E, BB = fmt.block_elems, fmt.block_bytes
@@ -323,7 +327,9 @@ class KernelRenderer:
         decode = f"ls_dq_{tname}"
         x_buf, raw_buf = k.template_reads
         M, N = self.idx(q.rows), self.idx(q.out_features)
-        rows_per_item = max(1, min(QMM_L2_BYTES // row_bytes, 64))
+        rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
+        rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
+        rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
         int8_lines, quantize = [], ""
         if k.scratch:  # int8 activations, quantized once per call by the launcher
             d_off, s_off, _ = int8_scratch_layout(max(sym.upper_bound(q.rows), 1), K)
@@ -332,27 +338,27 @@ class KernelRenderer:
                 "#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)",
                 "            for (int64_t n = n0; n < n1; n++)",
                 f"                ls_qdot8_{tname}(wraw + n * {row_bytes}LL, (const int8_t *){sc} + m0 * {K}LL, "
-                f"(const float *)({sc} + {d_off}) + m0 * {nblk}, (const int32_t *)({sc} + {s_off}) + m0 * {nblk}, "
+                f"(const float *)({sc} + {d_off}) + m0 * {nblk}, (const float *)({sc} + {s_off}) + m0 * {nblk}, "
                 f"{K}, {nblk}, mr, out + m0 * N + n, N);"]
             lp = "((const ls_launch *)(&l))"
             x_i = self.kernel_buffers(k).index(x_buf)
             s_i = self.kernel_buffers(k).index(k.scratch[0])
             quantize = ("\n#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)\n"
                         f"      {{ uint8_t *sc = (uint8_t *){lp}->p[{s_i}]; ls_quantize_rows((const float *){lp}->p[{x_i}], "
-                        f"M, {K}, (int8_t *)sc, (float *)(sc + {d_off}), (int32_t *)(sc + {s_off})); }}\n"
+                        f"M, {K}, (int8_t *)sc, (float *)(sc + {d_off}), (float *)(sc + {s_off})); }}\n"
                         "#endif\n")
         lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
                  "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
         lines += [f"    {d}" for d in self.decls(k)]
         lines += [
-            f"    const int64_t M = {M}, N = {N};",
+            f"    const int64_t M = {M}, N = {N}, R = {rows_per_item};",
             f"    const uint8_t *restrict wraw = (const uint8_t *){self.buf(raw_buf)};",
             f"    const float *restrict xs = {self.buf(x_buf)};",
             f"    float *restrict out = {self.buf(k.out)};",
             "    for (int64_t p = p0; p < p1; p++) {",
-            f"        const int64_t n0 = p * {rows_per_item}, n1 = ls_min(N, n0 + {rows_per_item});",
-            f"        for (int64_t m0 = 0; m0 < M; m0 += {ROW_BLOCK}) {{",
-            f"            const int64_t mr = ls_min({ROW_BLOCK}, M - m0);",
+            "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);",
+            f"        for (int64_t m0 = 0; m0 < M; m0 += {QMM_ROWS}) {{",
+            f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);",
         ] + int8_lines + [
             f"#{'elif' if int8_lines else 'if'} defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
             "            for (int64_t n = n0; n < n1; n++)",
@@ -360,8 +366,8 @@ class KernelRenderer:
             "#else",
             "            for (int64_t n = n0; n < n1; n++) {",
             f"                const uint8_t *wrow = wraw + n * {row_bytes}LL;",
-            f"                float acc[{ROW_BLOCK}][32];",
-            f"                for (int ii = 0; ii < {ROW_BLOCK}; ii++) for (int l = 0; l < 32; l++) acc[ii][l] = 0.0f;",
+            f"                float acc[{QMM_ROWS}][32];",
+            f"                for (int ii = 0; ii < {QMM_ROWS}; ii++) for (int l = 0; l < 32; l++) acc[ii][l] = 0.0f;",
             f"                for (int64_t b = 0; b < {nblk}; b++) {{",
             f"                    __builtin_prefetch(wrow + b * {BB} + {QMM_PREFETCH_BYTES}, 0, 3);",
             f"                    float w[{E}];",
@@ -392,9 +398,8 @@ class KernelRenderer:
             "        }",
             "    }",
             "}"]
-        items = f"((N + {rows_per_item - 1}) / {rows_per_item})"
         work = f"(M * N * {K}LL)"
-        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t n = {items}; (void)M;{quantize}\n"
+        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
                 f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
 
