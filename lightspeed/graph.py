@@ -7,7 +7,7 @@ created once (hash-consing), which shares common subexpressions by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -84,6 +84,7 @@ class Graph:
         # (node id -> a description; e.g. "this node dequantizes these raw blocks"). The primitive
         # graph stays the source of truth: backends that ignore this run the primitives.
         self.lowerings: dict[int, Any] = {}
+        self._templates: dict[tuple, _Template] = {}  # see ``memoised``
 
     # node creation ------------------------------------------------------------
     def node(self, op: Op, srcs: Sequence[tuple[Node, ShapeTracker]], arg: Any, dtype: dt.DType,
@@ -141,6 +142,34 @@ class Graph:
         node = self.node(Op.IOTA, (), None, dt.as_dtype(dtype), (n,))
         return Tensor(node, ShapeTracker.contiguous((n,)))
 
+    def memoised(self, key: Hashable, sources: Sequence["Tensor"], build: Callable[..., Any]) -> Any:
+        """``build(*sources)`` (a Tensor or a tuple of Tensors), built once per ``key`` and then
+        replayed: the nodes between the sources and the results are recreated over the new sources
+        without running ``build`` again (a weight decode or a decoder layer repeated through a model
+        costs one ``node`` call per node instead of the Tensor-level work). The result is the graph
+        ``build`` would make, provided ``build`` depends on its sources only through their views,
+        dtypes, shapes and ops (part of the key here) and on nothing else than ``key``."""
+        from .tensor import Tensor
+        ids = [s.node.id for s in sources]
+        full_key = (key, tuple(ids.index(i) for i in ids)) + tuple(
+            (s.st, s.node.op, s.node.dtype.name, s.node.shape,
+             None if isinstance(s.node.arg, ArrayConst) else s.node.arg) for s in sources)
+        t = self._templates.get(full_key)
+        if t is None:
+            result = build(*sources)
+            outs = (result,) if isinstance(result, Tensor) else tuple(result)
+            if not all(isinstance(o, Tensor) and o.node.graph is self for o in outs):
+                raise TypeError("memoised: build must return Tensors of this graph")
+            self._templates[full_key] = _Template(tuple(ids), _cone([o.node for o in outs], set(ids)),
+                                                  tuple((o.node, o.st) for o in outs), isinstance(result, Tensor))
+            return result
+        mapping = {old: s.node for old, s in zip(t.sources, sources)}  # the key holds which sources coincide
+        for n in t.nodes:
+            srcs = [(mapping.get(s.id, s), st) for s, st in n.srcs]
+            mapping[n.id] = self.node(n.op, srcs, n.arg, n.dtype, n.shape)
+        outs = tuple(Tensor(mapping.get(n.id, n), st) for n, st in t.outs)
+        return outs[0] if t.single else outs
+
     # compilation --------------------------------------------------------------
     def compile(self, outputs: Sequence["Tensor"], backend: str = "reference", donate: Sequence[str] = (),
                 **options):
@@ -163,6 +192,38 @@ class Graph:
             raise ValueError(f"compile: donate names {unknown}, which are not inputs of this graph")
         program.donated = set(donate)
         return CompiledGraph(program, get_backend(backend)(program, **options))
+
+
+@dataclass(frozen=True)
+class _Template:
+    """A recorded subgraph (see ``Graph.memoised``): ``nodes`` depend on the ``sources`` (node ids), in
+    creation order; ``outs`` (node, view) are the results."""
+
+    sources: tuple[int, ...]
+    nodes: tuple[Node, ...]
+    outs: tuple[tuple[Node, ShapeTracker], ...]
+    single: bool  # build returned one Tensor, not a tuple
+
+
+def _cone(outs: list[Node], sources: set[int]) -> tuple[Node, ...]:
+    """The nodes ``outs`` depend on that depend on a node in ``sources`` (which are excluded), in
+    creation order (ids are topological: a node is created after its sources)."""
+    reach: dict[int, Node] = {}
+    stack = list(outs)
+    while stack:
+        n = stack.pop()
+        if n.id in reach or n.id in sources:
+            continue
+        reach[n.id] = n
+        stack.extend(s for s, _ in n.srcs)
+    dependent = set(sources)
+    cone = []
+    for nid in sorted(reach):
+        n = reach[nid]
+        if any(s.id in dependent for s, _ in n.srcs):
+            dependent.add(nid)
+            cone.append(n)
+    return tuple(cone)
 
 
 @dataclass
@@ -190,12 +251,13 @@ class Program:
         nodes = [n for n in graph.order if n.id in seen]
         inputs = [n for n in nodes if n.op is Op.INPUT]
         dims: set[sym.Var] = set()
+        seen_views: set[ShapeTracker] = set()  # a model repeats the same views in every layer
         for n in nodes:
             dims |= sym.free_vars(*n.shape)
-            if n.op is Op.IOTA:
-                dims |= sym.free_vars(*n.shape)
             for _, st in n.srcs:
-                dims |= _tracker_vars(st)
+                if st not in seen_views:
+                    seen_views.add(st)
+                    dims |= _tracker_vars(st)
         for _, st in outs:
             dims |= _tracker_vars(st)
         return Program(graph, outs, nodes, inputs, sorted(dims, key=lambda v: v.name))

@@ -19,6 +19,16 @@ def _shape_str(shape: Sequence[sint]) -> str:
 
 
 def contiguous_strides(shape: Sequence[sint]) -> tuple[sint, ...]:
+    shape = tuple(shape)
+    got = _STRIDES_MEMO.get(shape)
+    if got is None:
+        if len(_STRIDES_MEMO) > 100_000:
+            _STRIDES_MEMO.clear()
+        got = _STRIDES_MEMO[shape] = _contiguous_strides(shape)
+    return got
+
+
+def _contiguous_strides(shape: tuple[sint, ...]) -> tuple[sint, ...]:
     strides: list[sint] = []
     acc: sint = 1
     for s in reversed(shape):
@@ -269,6 +279,7 @@ class ShapeTracker:
         return self._replace_last(self.views[-1].flip(axes))
 
 
+_STRIDES_MEMO: dict = {}  # shape -> contiguous strides: symbolic products are costly and shapes repeat
 _INDEX_MEMO: dict = {}  # (tracker, index) -> (offset, validity): models repeat the same views per layer
 _UNRAVEL_MEMO: dict = {}
 

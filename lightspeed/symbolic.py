@@ -378,6 +378,8 @@ def _clip(v: int) -> int:
 def to_expr(x: sint) -> Expr:
     if isinstance(x, Expr):
         return x
+    if type(x) is int:
+        return Const(x)
     if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
         return Const(int(x))
     if isinstance(x, bool):
@@ -432,6 +434,8 @@ def _fold_divmod_pairs(items: list[tuple[Expr, int]]) -> list[tuple[Expr, int]]:
 
 
 def add(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int:  # the common case (static shapes) needs no Const objects
+        return a + b
     a, b = to_expr(a), to_expr(b)
     if isinstance(a, Const) and isinstance(b, Const):
         return a.value + b.value
@@ -453,6 +457,8 @@ def _mul_terms(x: Expr, y: Expr) -> Expr:
 
 
 def mul(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int:
+        return a * b
     a, b = to_expr(a), to_expr(b)
     if isinstance(a, Const) and isinstance(b, Const):
         return a.value * b.value
@@ -594,6 +600,8 @@ def _poly_divmod(a: Expr, d: "Sum") -> tuple[sint, sint]:
 
 
 def floordiv(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int and b != 0:
+        return a // b
     a, b = to_expr(a), to_expr(b)
     if isinstance(b, Const):
         if b.value == 0:
@@ -661,6 +669,8 @@ def _div_bounds(a: Expr, b: Expr) -> tuple[int, int]:
 
 
 def mod(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int and b != 0:
+        return a % b
     a, b = to_expr(a), to_expr(b)
     if isinstance(b, Const):
         if b.value == 0:
@@ -702,6 +712,8 @@ def mod(a: sint, b: sint) -> sint:
 
 
 def smin(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int:
+        return min(a, b)
     a, b = to_expr(a), to_expr(b)
     if a == b:
         return _simplest(a)
@@ -715,6 +727,8 @@ def smin(a: sint, b: sint) -> sint:
 
 
 def smax(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int:
+        return max(a, b)
     a, b = to_expr(a), to_expr(b)
     if a == b:
         return _simplest(a)
@@ -728,6 +742,8 @@ def smax(a: sint, b: sint) -> sint:
 
 
 def lt(a: sint, b: sint) -> sint:
+    if type(a) is int and type(b) is int:
+        return int(a < b)
     a, b = to_expr(a), to_expr(b)
     if proven_lt(a, b):
         return 1
@@ -817,6 +833,8 @@ def render_c(x: sint, name: Callable[[Var], str] | None = None) -> str:
 
 def same(a: sint, b: sint) -> bool:
     """Structural equality of two ints or expressions."""
+    if type(a) is int and type(b) is int:
+        return a == b
     return to_expr(a) == to_expr(b)
 
 

@@ -202,37 +202,82 @@ class Llama(CausalLM):
 
     def _linear(self, g: Graph, x: Tensor, name: str) -> Tensor:
         """``x @ W.T (+ b)`` for weight ``<name>.weight`` and its bias when the file has one."""
+        return linear(x, *self._params(g, name))
+
+    def _params(self, g: Graph, name: str) -> tuple[Tensor, Tensor | None]:
+        """The weight of linear layer ``name`` and its bias (None when the file has none)."""
         bias = f"{name}.bias"
-        return linear(x, self.weights.tensor(g, f"{name}.weight"),
-                      self.weights.tensor(g, bias) if bias in self.weights else None)
+        return self.weights.tensor(g, f"{name}.weight"), self.weights.tensor(g, bias) if bias in self.weights else None
 
     def _rope(self, x: Tensor, pos: sint) -> Tensor:
         c = self.config
         return rope(x, pos=pos, theta=c.rope_theta, interleaved=c.rope_interleaved, inv_freq=c.rope_inv_freq)
 
+    def _layer_key(self) -> tuple:
+        """Everything the layer graphs depend on besides their inputs (see ``_memoised``)."""
+        c = self.config
+        inv = None if c.rope_inv_freq is None else (c.rope_inv_freq.dtype.str, c.rope_inv_freq.shape,
+                                                    c.rope_inv_freq.tobytes())
+        return (type(self).__qualname__, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_theta.hex()
+                if isinstance(c.rope_theta, float) else c.rope_theta, c.rope_interleaved, inv)
+
+    def _memoised(self, g: Graph, key: tuple, inputs: list[Tensor], params: list[tuple[Tensor, Tensor | None]],
+                  build):
+        """``build(*inputs, params)`` through ``Graph.memoised``: every layer has the same graph over its
+        own inputs and weights, so it is built once and replayed (graph construction time)."""
+        has_bias = tuple(b is not None for _, b in params)
+        flat = list(inputs) + [t for w, b in params for t in (w, b) if t is not None]
+        n_in = len(inputs)
+
+        def unflattened(*ts: Tensor):
+            rest = list(ts[n_in:])
+            pairs = [(rest.pop(0), rest.pop(0) if bias else None) for bias in has_bias]
+            return build(*ts[:n_in], pairs)
+
+        return g.memoised(key + (self._layer_key(), has_bias), flat, unflattened)
+
     def attention(self, g: Graph, h: Tensor, i: int, kv: KVAppend) -> Tensor:
         """Self-attention of layer ``i`` on normed ``h [seq, hidden]``, appending to caches k<i>, v<i>."""
+        p = f"blk.{i}."
+        qkv = [self._params(g, p + name) for name in ("attn_q", "attn_k", "attn_v")]
+        q, k, v = self._memoised(g, ("llama.qkv", kv.pos), [h], qkv, lambda h, ps: self._qkv(h, ps, kv.pos))
+        keys = kv.append(f"k{i}", k).permute(1, 0, 2)                           # [kv_heads, total, head_dim]
+        values = kv.append(f"v{i}", v).permute(1, 0, 2)
+        return self._memoised(g, ("llama.attend", kv.pos, kv.seq, kv.total), [q, keys, values],
+                              [self._params(g, p + "attn_output")], lambda *a: self._attend(*a, kv))
+
+    def _qkv(self, h: Tensor, params: list[tuple[Tensor, Tensor | None]], pos: sint) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries ``[seq, heads, head_dim]``, rotated keys and values ``[seq, kv_heads, head_dim]``."""
         c = self.config
         seq = h.shape[0]
-        p = f"blk.{i}."
-        q = self._linear(g, h, p + "attn_q")
-        k = self._linear(g, h, p + "attn_k")
-        v = self._linear(g, h, p + "attn_v")
-        q = self._rope(q.reshape((seq, c.n_heads, c.head_dim)), kv.pos)
-        k = self._rope(k.reshape((seq, c.n_kv_heads, c.head_dim)), kv.pos)
-        keys = kv.append(f"k{i}", k).permute(1, 0, 2)                           # [kv_heads, total, head_dim]
-        values = kv.append(f"v{i}", v.reshape((seq, c.n_kv_heads, c.head_dim))).permute(1, 0, 2)
+        q, k, v = (linear(h, w, b) for w, b in params)
+        q = self._rope(q.reshape((seq, c.n_heads, c.head_dim)), pos)
+        k = self._rope(k.reshape((seq, c.n_kv_heads, c.head_dim)), pos)
+        return q, k, v.reshape((seq, c.n_kv_heads, c.head_dim))
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, params: list[tuple[Tensor, Tensor | None]],
+                kv: KVAppend) -> Tensor:
+        """The output projection of attention of ``q [seq, heads, head_dim]`` over ``keys``/``values``
+        ``[kv_heads, total, head_dim]``, causal in positions."""
+        c = self.config
+        seq = q.shape[0]
+        g = q.graph
         visible = g.iota(kv.total).reshape((1, kv.total)) <= kv.positions.reshape((seq, 1))  # key j <= pos + i
         out = scaled_dot_product_attention(q.permute(1, 0, 2), keys, values, visible)  # [heads, seq, head_dim]
         # dense rows, so the output projection reads them like any activation (and a quantized
         # matmul kernel can take it)
         out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim)).contiguous()
-        return self._linear(g, out, p + "attn_output")
+        return linear(out, *params[0])
 
     def mlp(self, g: Graph, h: Tensor, i: int) -> Tensor:
         p = f"blk.{i}."
-        gate = silu(self._linear(g, h, p + "ffn_gate"))
-        return self._linear(g, gate * self._linear(g, h, p + "ffn_up"), p + "ffn_down")
+        params = [self._params(g, p + name) for name in ("ffn_gate", "ffn_up", "ffn_down")]
+        return self._memoised(g, ("llama.mlp",), [h], params, self._mlp)
+
+    @staticmethod
+    def _mlp(h: Tensor, params: list[tuple[Tensor, Tensor | None]]) -> Tensor:
+        (wg, bg), (wu, bu), (wd, bd) = params
+        return linear(silu(linear(h, wg, bg)) * linear(h, wu, bu), wd, bd)
 
     def forward(self, g: Graph, tokens: Tensor, kv: KVAppend) -> Tensor:
         c = self.config

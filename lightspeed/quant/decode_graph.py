@@ -200,8 +200,9 @@ def dequant_graph(raw: Tensor, qtype) -> Tensor:
                                                             and raw.shape[1] == fmt.block_bytes):
         raise ValueError(f"dequant_graph {fmt.name}: raw must be uint8 of shape (n_blocks, {fmt.block_bytes}), "
                          f"got {raw.dtype.name}{tuple(raw.shape)}")
-    n = raw.shape[0]
-    return _GRAPHS[fmt.qtype](raw.cast(dt.float32), n)
+    # every matrix of a model has the same decode: built once per view of the raw bytes, then replayed
+    return raw.graph.memoised(("dequant", fmt.qtype), (raw,), lambda r: _GRAPHS[fmt.qtype](r.cast(dt.float32),
+                                                                                        r.shape[0]))
 
 
 def dequant_matrix_graph(raw: Tensor, qtype) -> Tensor:
