@@ -15,6 +15,7 @@ from ...kernel import form_kernels
 from .. import register_backend
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
+from .plan_cache import lookup as lookup_plan
 from .render import render_plan
 
 _FFI = cffi.FFI()
@@ -69,15 +70,19 @@ class CBackend:
     and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
     (dimension values to tune at), ``huge_pages`` (copy constants of at least 256 KiB, i.e. weights, once
     into memory advised for 2 MiB pages, releasing the pages of a read-only file mapping they came from;
-    see lightspeed/memory.py)."""
+    see lightspeed/memory.py), ``plan_cache`` (reuse the rendered source of a structurally identical
+    program compiled before, skipping kernel formation and rendering; see plan_cache.py)."""
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
                  templates: bool = True, profile: bool = False, portable: bool = False,
                  int8_activations: bool = False, search: int = 0, search_budget_s: float | None = None,
-                 search_dims: dict | None = None, huge_pages: bool = True):
+                 search_dims: dict | None = None, huge_pages: bool = True, plan_cache: bool = True):
         t0 = time.perf_counter()
         self.program = program
-        self.plan = form_kernels(program, use_templates=templates, int8_activations=int8_activations)
+        # a program compiled before (same structure, options and code) skips formation and rendering
+        cached = lookup_plan(program, dict(use_templates=templates, int8_activations=int8_activations),
+                             enabled=plan_cache and not search, profile=profile, portable=portable)
+        self.plan = cached.plan or form_kernels(program, use_templates=templates, int8_activations=int8_activations)
         self.profile = profile
         schedule, self.search_report = None, None
         if search:  # --- search hook (lightspeed/search): graph rewrites, then measured kernel schedules
@@ -85,8 +90,9 @@ class CBackend:
             self.plan, schedule, self.search_report = search_compile(
                 program, self.plan, search, search_budget_s, cc=cc, flags=flags, dims=search_dims,
                 form_options=dict(use_templates=templates, int8_activations=int8_activations))
-        self.source = ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(self.plan, profile=profile,
-                                                                                   schedule=schedule)
+        self.source = cached.source or ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(
+            self.plan, profile=profile, schedule=schedule)
+        cached.store(self.plan, self.source)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library
         self.library_path = compile_shared(self.source, flags if flags is not None else default_flags(),
                                            cc or find_compiler())

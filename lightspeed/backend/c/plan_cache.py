@@ -1,0 +1,328 @@
+"""A disk cache of rendered programs, keyed by the graph's structure, so that a warm compile skips
+kernel formation and C rendering (for SmolLM2 these took most of a warm compile's second).
+
+The key is a hash of an exact structural description of the program:
+
+- every node in topological order: op, dtype, shape, argument, its sources (by position in that
+  order) with their views, and any lowering hint (``Graph.lowerings``) on it;
+- the outputs and their views, the symbolic dimensions (names and bounds), the donated inputs;
+- the backend options that change the rendered source (templates, int8 activations, profile,
+  portable);
+- the contents of every source file of the ``lightspeed`` package, so any change to kernel
+  formation or rendering misses.
+
+Symbolic expressions are written by their canonical sort keys (which include every variable's
+bounds), floats by their bits, small embedded arrays (at most ``ArrayConst.SMALL_BYTES``) by
+their contents. A large embedded array (a weight) is written by dtype and shape only: the
+generated code never sees its values, it reads them through a pointer passed at run time, so
+the cached program is exactly the program its graph compiles to whatever the values are, and
+a run reads the arrays of the graph being compiled, never those of the graph that made the
+entry. Nothing is keyed by Python object identity.
+
+An entry holds the rendered source and the buffer table the executor needs (pointer slots of
+inputs, constants and outputs, the arena size). The C compiler is still reached through
+``compile_shared``, whose own cache is keyed by the source. An entry is written only after the
+buffer table rebuilt from the program alone has been checked against the freshly formed plan,
+and the full kernel plan is formed again on demand (``CachedPlan.kernels``), e.g. for profiling.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ... import dtypes as dt
+from ... import symbolic as sym
+from ...graph import ArrayConst, Node, Program
+from ...kernel import Buffer, KernelPlan, form_kernels
+from ...ops import Op
+from ...shape import ShapeTracker
+from .compiler import cache_dir
+
+FORMAT = 1  # bump when the entry layout changes
+
+
+class Uncacheable(Exception):
+    """The program holds something the key cannot describe exactly (it is then compiled as usual)."""
+
+
+@lru_cache(maxsize=None)
+def code_fingerprint() -> str:
+    """A hash of every source file of the package (Python, C, headers)."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for path in sorted(p for ext in ("*.py", "*.c", "*.h") for p in root.rglob(ext)):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _value(x: Any) -> str:
+    """An exact text for an argument, dimension or option value."""
+    if x is None:
+        return "n"
+    if isinstance(x, enum.Enum):  # e.g. a QType (an IntEnum: before int)
+        return f"E{type(x).__module__}.{type(x).__qualname__}.{x.name}"
+    if isinstance(x, bool):
+        return "b1" if x else "b0"
+    if isinstance(x, int):
+        return f"i{x}"
+    if isinstance(x, float):
+        return "f" + x.hex()
+    if isinstance(x, str):
+        return "s" + json.dumps(x)
+    if isinstance(x, sym.Expr):
+        return "e" + x.sort_key()
+    if isinstance(x, dt.DType):
+        return "d" + x.name
+    if isinstance(x, (tuple, list)):
+        return "(" + ",".join(_value(v) for v in x) + ")"
+    if isinstance(x, ArrayConst):
+        a = x.array
+        head = f"a{a.dtype.str}{a.shape}"
+        if a.nbytes <= ArrayConst.SMALL_BYTES:
+            return head + hashlib.sha256(a.tobytes()).hexdigest()
+        return head  # values are read at run time (see the module docstring)
+    raise Uncacheable(f"cannot describe {type(x).__name__} exactly")
+
+
+class _Describer:
+    """Writes a program's structure into a hash."""
+
+    def __init__(self, program: Program):
+        self.index = {n.id: k for k, n in enumerate(program.nodes)}
+        # by value: trackers equal by value (the same view in every layer) are described once
+        self.views: dict[ShapeTracker, str] = {}
+        self.values: dict[Any, str] = {}
+
+    def view(self, st: ShapeTracker) -> str:
+        got = self.views.get(st)
+        if got is None:
+            got = self.views[st] = "|".join(
+                _value(v.shape) + _value(v.strides) + _value(v.offset) + _value(v.mask) for v in st.views)
+        return got
+
+    def value(self, x: Any) -> str:
+        """``_value`` of a shape or an argument, remembered by a key that tells apart everything
+        ``_value`` does (types included: 1, 1.0 and True are equal in Python; floats by bits)."""
+        if isinstance(x, tuple):
+            if not all(type(e) is int or isinstance(e, sym.Expr) for e in x):
+                return _value(x)
+            key: Any = tuple((type(e), e) for e in x)
+        elif isinstance(x, float):
+            key = (float, x.hex())
+        elif x is None or isinstance(x, (int, str)):
+            key = (type(x), x)
+        else:
+            return _value(x)
+        got = self.values.get(key)
+        if got is None:
+            got = self.values[key] = _value(x)
+        return got
+
+    def node_ref(self, n: Any) -> str:
+        if not isinstance(n, Node) or n.id not in self.index:
+            raise Uncacheable("a lowering refers to a node outside the program")
+        return f"@{self.index[n.id]}"
+
+    def lowering(self, info: Any) -> str:
+        fields = getattr(info, "__dataclass_fields__", None)
+        if fields is None:
+            raise Uncacheable(f"cannot describe lowering {type(info).__name__}")
+        parts = [type(info).__name__]
+        for name in fields:
+            v = getattr(info, name)
+            if isinstance(v, Node):
+                parts.append(self.node_ref(v))
+            elif isinstance(v, ShapeTracker):
+                parts.append(self.view(v))
+            else:
+                parts.append(_value(v))
+        return ";".join(parts)
+
+
+def plan_key(program: Program, options: dict[str, Any], code: str | None = None) -> str:
+    """The cache key of ``program`` compiled with backend ``options`` by the package's current code
+    (or by ``code``, a stand-in for its fingerprint); raises Uncacheable."""
+    d = _Describer(program)
+    lowerings = program.graph.lowerings
+    h = hashlib.sha256()
+    h.update(f"lightspeed-plan-{FORMAT}\0{code if code is not None else code_fingerprint()}\0".encode())
+    h.update(_value(sorted(options.items())).encode())
+    lines = []
+    index = d.index
+    for n in program.nodes:
+        srcs = ",".join(f"{index[s.id]}:{d.view(st)}" for s, st in n.srcs)
+        arg = _value(n.arg) if isinstance(n.arg, ArrayConst) else d.value(n.arg)
+        line = f"{n.op.value} {n.dtype.name} {d.value(n.shape)} {arg} [{srcs}]"
+        if n.id in lowerings:
+            line += " L" + d.lowering(lowerings[n.id])
+        lines.append(line)
+    for n, st in program.outputs:
+        lines.append(f"out {index[n.id]}:{d.view(st)}")
+    lines.append("dims " + _value(list(program.dims)))
+    lines.append("donated " + _value(sorted(program.donated)))
+    h.update("\n".join(lines).encode())
+    return h.hexdigest()[:40]
+
+
+def _nbytes(n: Node) -> int:
+    return max(sym.upper_bound(sym.prod(n.shape)), 1) * n.dtype.itemsize
+
+
+class CachedPlan:
+    """The buffer table of a cached program: what the executor needs to call it. ``kernels`` and
+    ``temps`` form the full plan again on first use (they are not needed to run)."""
+
+    def __init__(self, program: Program, table: dict, form_options: dict[str, Any]):
+        self._program, self._form_options, self._full = program, form_options, None
+        nodes = program.nodes
+        self.dims = list(program.dims)
+        self.arena_bytes = int(table["arena_bytes"])
+        if len(table["inputs"]) != len(program.inputs):
+            raise Uncacheable("the entry's inputs do not match the program")
+        self.inputs = [Buffer("input", n.dtype, n.shape, n.arg, slot, nbytes=_nbytes(n))
+                       for n, slot in zip(program.inputs, table["inputs"])]
+        self.consts: list[tuple[Buffer, ArrayConst]] = []
+        for slot, k in table["consts"]:
+            n = nodes[k]
+            if n.op is not Op.CONST or not isinstance(n.arg, ArrayConst):
+                raise Uncacheable("the entry's constants do not match the program")
+            self.consts.append((Buffer("const", n.dtype, n.shape, f"const{n.id}", slot, nbytes=_nbytes(n)), n.arg))
+        by_name = {b.name: b for b in self.inputs}
+        self.outputs: list[Buffer] = []
+        for k, (kind, slot, name, first) in enumerate(table["outputs"]):
+            if first != k:
+                self.outputs.append(self.outputs[first])
+            elif kind == "input":
+                self.outputs.append(by_name[name])
+            else:
+                n, st = program.outputs[k]
+                self.outputs.append(Buffer(kind, n.dtype, st.shape, name, slot, nbytes=_nbytes(n)))
+
+    def full(self) -> KernelPlan:
+        """The kernel plan formed from the program (same slots and arena as this table)."""
+        if self._full is None:
+            self._full = form_kernels(self._program, **self._form_options)
+        return self._full
+
+    @property
+    def kernels(self):
+        return self.full().kernels
+
+    @property
+    def temps(self):
+        return self.full().temps
+
+
+def _table(program: Program, plan: KernelPlan) -> dict:
+    """The buffer table of ``plan`` in terms of the program (raises Uncacheable when it cannot be)."""
+    const_at = {id(n.arg): k for k, n in enumerate(program.nodes) if n.op is Op.CONST}
+    consts = []
+    for b, c in plan.consts:
+        k = const_at.get(id(c))
+        if k is None:
+            raise Uncacheable("a constant of the plan is not a node of the program")
+        consts.append((b.slot, k))
+    outputs = []
+    for k, b in enumerate(plan.outputs):
+        first = next(j for j, o in enumerate(plan.outputs) if o is b)
+        outputs.append((b.kind, b.slot, b.name, first))
+    return {"inputs": [b.slot for b in plan.inputs], "consts": consts, "outputs": outputs,
+            "arena_bytes": plan.arena_bytes}
+
+
+def _same_buffer(a: Buffer, b: Buffer) -> bool:
+    return (a.kind == b.kind and a.dtype is b.dtype and a.name == b.name and a.slot == b.slot
+            and len(a.shape) == len(b.shape) and all(sym.same(x, y) for x, y in zip(a.shape, b.shape)))
+
+
+def _check(program: Program, plan: KernelPlan, table: dict, form_options: dict[str, Any]) -> None:
+    """Raise Uncacheable unless the table rebuilt from the program alone equals the plan's."""
+    got = CachedPlan(program, json.loads(json.dumps(table)), form_options)
+    ok = (got.arena_bytes == plan.arena_bytes and len(got.inputs) == len(plan.inputs)
+          and all(_same_buffer(a, b) for a, b in zip(got.inputs, plan.inputs))
+          and len(got.consts) == len(plan.consts)
+          and all(_same_buffer(a, b) and c is d for (a, c), (b, d) in zip(got.consts, plan.consts))
+          and len(got.outputs) == len(plan.outputs)
+          and all(_same_buffer(a, b) for a, b in zip(got.outputs, plan.outputs))
+          and [v.name for v in got.dims] == [v.name for v in plan.dims])
+    if ok:  # which outputs share one buffer
+        ok = all((got.outputs[i] is got.outputs[j]) == (plan.outputs[i] is plan.outputs[j])
+                 for i in range(len(plan.outputs)) for j in range(i))
+    if not ok:
+        raise Uncacheable("the plan's buffers cannot be rebuilt from the program")
+
+
+def _path(key: str) -> Path:
+    d = cache_dir() / "plans"
+    d.mkdir(exist_ok=True)
+    return d / f"{key}.json"
+
+
+def load(key: str, program: Program, form_options: dict[str, Any]) -> tuple[CachedPlan, str] | None:
+    """(plan, source) of the entry ``key``, or None when there is none (or it is unreadable)."""
+    try:
+        with open(_path(key)) as f:
+            entry = json.load(f)
+        if entry.get("format") != FORMAT:
+            return None
+        return CachedPlan(program, entry["table"], form_options), entry["source"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError, Uncacheable):
+        return None
+
+
+def store(key: str, program: Program, plan: KernelPlan, source: str, form_options: dict[str, Any]) -> bool:
+    """Write the entry ``key`` (atomically); False when the plan cannot be cached."""
+    try:
+        table = _table(program, plan)
+        _check(program, plan, table, form_options)
+    except Uncacheable:
+        return False
+    path = _path(key)
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"format": FORMAT, "table": table, "source": source}, f)
+        os.replace(tmp, path)  # readers see the old entry, none, or the complete new one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+class Lookup:
+    """The outcome of ``lookup``: ``plan`` and ``source`` on a hit (else None); ``store`` writes a
+    freshly rendered program under the key after a miss (and does nothing otherwise)."""
+
+    def __init__(self, program: Program, key: str | None, form_options: dict[str, Any]):
+        self.program, self.key, self.form_options = program, key, form_options
+        self.plan: CachedPlan | None = None
+        self.source: str | None = None
+        if key is not None:
+            got = load(key, program, form_options)
+            if got is not None:
+                self.plan, self.source = got
+
+    def store(self, plan: KernelPlan, source: str) -> None:
+        if self.key is not None and self.source is None:
+            store(self.key, self.program, plan, source, self.form_options)
+
+
+def lookup(program: Program, form_options: dict[str, Any], enabled: bool = True, **render_options: Any) -> Lookup:
+    """Look ``program`` up; ``form_options`` go to ``form_kernels``, ``render_options`` are the other
+    options that change the source (profile, portable)."""
+    key = None
+    if enabled:
+        try:
+            key = plan_key(program, {**form_options, **render_options})
+        except Uncacheable:
+            key = None
+    return Lookup(program, key, form_options)
