@@ -107,7 +107,8 @@ def requantize_file(gf: Any, target: str | QType, release: bool = True) -> Requa
         if to is t.qtype:
             tensors[name] = t
             continue
-        raw = region.copy(convert(t.raw, t.qtype, to))
+        shape = byte_shape(tuple(t.shape), to)
+        raw = convert(t.raw, t.qtype, to, out=region.take(int(np.prod(shape, dtype=np.int64)), np.uint8, shape))
         tensors[name] = RequantizedTensor(name, to, tuple(t.shape), raw)
         if release:
             _release_pages(gf, t.offset, t.n_bytes)

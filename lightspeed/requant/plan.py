@@ -50,17 +50,26 @@ def byte_shape(shape: tuple[int, ...], qtype: QType) -> tuple[int, ...]:
     return tuple(shape[:-1]) + (fmt.row_bytes(shape[-1]),)
 
 
-def convert(raw: np.ndarray, stored: QType | str, target: QType | str) -> np.ndarray:
-    """Re-encode raw bytes ``(..., row_bytes)`` of type ``stored`` as ``target`` (same leading axes).
-    A tensor already of the target type is returned as it is (no copy)."""
+def convert(raw: np.ndarray, stored: QType | str, target: QType | str, out: np.ndarray | None = None) -> np.ndarray:
+    """Re-encode raw bytes ``(..., row_bytes)`` of type ``stored`` as ``target`` (same leading axes),
+    into ``out`` when given (uint8, the result's shape). A tensor already of the target type is
+    returned as it is (no copy) when there is no ``out``."""
     stored, target = as_qtype(stored), as_qtype(target)
-    if stored is target:
+    if stored is target and out is None:
         return raw
     src, dst = block_format(stored), block_format(target)
     lead = raw.shape[:-1]
     cols = raw.shape[-1] // src.block_bytes * src.block_elems
     rows = raw.reshape(-1, raw.shape[-1])
-    out = np.empty((rows.shape[0], dst.row_bytes(cols)), dtype=np.uint8)
+    shape = (rows.shape[0], dst.row_bytes(cols))
+    if out is None:
+        out = np.empty(shape, dtype=np.uint8)
+    elif out.dtype != np.uint8 or out.size != shape[0] * shape[1]:
+        raise ValueError(f"convert: out must be uint8 with {shape[0]} x {shape[1]} bytes, got {out.dtype}{out.shape}")
+    out = out.reshape(shape)
+    if stored is target:
+        out[...] = rows
+        return out.reshape(lead + (shape[1],))
     step = max(1, CHUNK_VALUES // max(cols, 1))
     for r in range(0, rows.shape[0], step):
         out[r:r + step] = quantize(dequantize(rows[r:r + step], stored), target)
