@@ -79,6 +79,18 @@ static inline void ls_dq_q6_k(const uint8_t *b, float *restrict w) {
     }
 }
 
+/* xsum[r * nb + b] = the sum of block b (32 values) of row r, for r < mr (q4_1's min term) */
+static inline void ls_block_sums(const float *restrict x, int64_t mr, int64_t K, float *restrict xsum) {
+    const int64_t nb = K / 32;
+    for (int64_t r = 0; r < mr; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            float t = 0.0f;
+            _Pragma("omp simd reduction(+:t)")
+            for (int i = 0; i < 32; i++) t += x[r * K + 32 * b + i];
+            xsum[r * nb + b] = t;
+        }
+}
+
 /* Dot products of one weight row (nblk blocks of 32) with up to LS_QMM_ROWS activation rows (row stride K),
  * for the 32-element formats: each weight block is loaded and decoded once, then multiplied into every
  * row, so a batch of up to 8 rows (batched decode) reads and decodes the weights once. Each row's
@@ -166,9 +178,9 @@ static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *res
     } \
     for (int r = 0; r < MR; r++) out[r * ostride] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])); \
 } \
-static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
-                        int64_t mr, float *restrict out, int64_t ostride) { \
-    LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
+static inline void NAME(const uint8_t *restrict w, const float *restrict x, const float *restrict xsum, \
+                        int64_t K, int64_t nblk, int64_t mr, float *restrict out, int64_t ostride) { \
+    (void)xsum; LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
 }
 LS_QDOT_AVX512(ls_qdot_q8_0, LS_DEC_Q8_0, 34)
 LS_QDOT_AVX512(ls_qdot_q4_0, LS_DEC_Q4_0, 18)
@@ -183,8 +195,7 @@ LS_QDOT_AVX512(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
 static inline __m256 ls_i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 static inline __m256 ls_u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
-/* A block's values before its scale d (q8_0: q; q4_0: nibble - 8; q4_1: nibble), and for q4_1 the
- * weights themselves (d*v + m). */
+/* A block's values before its scale d (q8_0: q; q4_0: nibble - 8; q4_1: nibble) */
 #define LS_VALS_Q8_0(b, v) do { \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = ls_i8x8_ps(_mm_loadl_epi64((const __m128i *)((b) + 2 + 8 * i_))); \
 } while (0)
@@ -196,8 +207,6 @@ static inline __m256 ls_u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cv
 } while (0)
 #define LS_VALS_Q4_0(b, v) LS_NIBBLES8((b) + 2, v, 8, ls_i8x8_ps)
 #define LS_VALS_Q4_1(b, v) LS_NIBBLES8((b) + 4, v, 0, ls_u8x8_ps)
-#define LS_WEIGHTS_Q4_1(b, v) do { const __m256 d_ = ls_bcast8_f16(b), m_ = ls_bcast8_f16((b) + 2); \
-    LS_VALS_Q4_1(b, v); for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_fmadd_ps(d_, v[i_], m_); } while (0)
 
 /* sum of v[i] * xr[8i..8i+7] as 8 lanes, two short chains */
 static inline __m256 ls_dot4x8(const __m256 *v, const float *xr) {
@@ -207,48 +216,36 @@ static inline __m256 ls_dot4x8(const __m256 *v, const float *xr) {
     return _mm256_add_ps(p0, p1);
 }
 
-/* q8_0, q4_0: per row and block, the dot product of the unscaled values with x, then one FMA with the
- * block's scale (fewer operations per row than scaling 32 weights, and one dependent FMA per block).
- * A row's arithmetic is the same whatever the row count, so batching does not change its result. */
-#define LS_QDOT_AVX2_D(NAME, VALS, BB) \
+/* Per row and block, the dot product of the unscaled values with x, then one FMA with the block's scale
+ * (fewer operations per row than scaling 32 weights, and one dependent FMA per block). q4_1 (MIN: w =
+ * d*v + m) adds m times the block's sum of x, from xsum[r * nblk + b] (ls_block_sums). A row's arithmetic
+ * is the same whatever the row count, so batching does not change its result. */
+#define LS_QDOT_AVX2(NAME, VALS, BB, MIN) \
 static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const float *restrict x, \
-        int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int MR) { \
-    __m256 acc[LS_QMM_ROWS]; \
-    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps(); \
+        const float *restrict xsum, int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int MR) { \
+    __m256 acc[LS_QMM_ROWS]; float cm[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = _mm256_setzero_ps(); cm[r] = 0.0f; } \
     for (int64_t b = 0; b < nblk; b++) { \
-        LS_PF(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
-        __m256 v[4]; VALS(w + b * (BB), v); \
-        const __m256 d = ls_bcast8_f16(w + b * (BB)); \
+        const uint8_t *blk = w + b * (BB); \
+        LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+        __m256 v[4]; VALS(blk, v); \
+        const __m256 d = ls_bcast8_f16(blk); \
+        const float m = MIN ? ls_f16(blk + 2) : 0.0f; \
         _Pragma("GCC unroll 8") \
-        for (int r = 0; r < MR; r++) acc[r] = _mm256_fmadd_ps(ls_dot4x8(v, x + r * K + 32 * b), d, acc[r]); \
+        for (int r = 0; r < MR; r++) { \
+            acc[r] = _mm256_fmadd_ps(ls_dot4x8(v, x + r * K + 32 * b), d, acc[r]); \
+            if (MIN) cm[r] += m * xsum[r * nblk + b]; \
+        } \
     } \
-    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]); \
+    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]) + cm[r]; \
 } \
-static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
-                        int64_t mr, float *restrict out, int64_t ostride) { \
-    LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
+static inline void NAME(const uint8_t *restrict w, const float *restrict x, const float *restrict xsum, \
+                        int64_t K, int64_t nblk, int64_t mr, float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, x, xsum, K, nblk, out, ostride); \
 }
-/* q4_1 (w = d*v + m): the weights decoded once per block, then summed into every row */
-#define LS_QDOT_AVX2_W(NAME, WEIGHTS, BB) \
-static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const float *restrict x, \
-        int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int MR) { \
-    __m256 acc[LS_QMM_ROWS]; \
-    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps(); \
-    for (int64_t b = 0; b < nblk; b++) { \
-        LS_PF(w + b * (BB) + LS_QMM_PREFETCH, 0, 3); \
-        __m256 v[4]; WEIGHTS(w + b * (BB), v); \
-        _Pragma("GCC unroll 8") \
-        for (int r = 0; r < MR; r++) acc[r] = _mm256_add_ps(acc[r], ls_dot4x8(v, x + r * K + 32 * b)); \
-    } \
-    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]); \
-} \
-static inline void NAME(const uint8_t *restrict w, const float *restrict x, int64_t K, int64_t nblk, \
-                        int64_t mr, float *restrict out, int64_t ostride) { \
-    LS_QMM_DISPATCH(NAME##_rows, w, x, K, nblk, out, ostride); \
-}
-LS_QDOT_AVX2_D(ls_qdot_q8_0, LS_VALS_Q8_0, 34)
-LS_QDOT_AVX2_D(ls_qdot_q4_0, LS_VALS_Q4_0, 18)
-LS_QDOT_AVX2_W(ls_qdot_q4_1, LS_WEIGHTS_Q4_1, 20)
+LS_QDOT_AVX2(ls_qdot_q8_0, LS_VALS_Q8_0, 34, 0)
+LS_QDOT_AVX2(ls_qdot_q4_0, LS_VALS_Q4_0, 18, 0)
+LS_QDOT_AVX2(ls_qdot_q4_1, LS_VALS_Q4_1, 20, 1)
 #define LS_HAVE_QDOT_q8_0 1
 #define LS_HAVE_QDOT_q4_0 1
 #define LS_HAVE_QDOT_q4_1 1

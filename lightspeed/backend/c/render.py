@@ -18,7 +18,7 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
 from ...kernel.quantized import TEMPLATE_QTYPES, int8_scratch_layout
-from ...quant import block_format
+from ...quant import QType, block_format
 from ...ops import Op
 
 PRELUDE = (Path(__file__).with_name("prelude.h")).read_text() + (Path(__file__).with_name("qdecode.h")).read_text()
@@ -361,8 +361,11 @@ class KernelRenderer:
             f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);",
         ] + int8_lines + [
             f"#{'elif' if int8_lines else 'if'} defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
+        ] + ([f"            float xsum[{QMM_ROWS * nblk}];  /* q4_1's min term: block sums of the rows */",
+              f"            ls_block_sums(xs + m0 * {K}LL, mr, {K}, xsum);"] if q.qtype is QType.Q4_1 else []) + [
             "            for (int64_t n = n0; n < n1; n++)",
-            f"                ls_qdot_{tname}(wraw + n * {row_bytes}LL, xs + m0 * {K}LL, {K}, {nblk}, mr, out + m0 * N + n, N);",
+            f"                ls_qdot_{tname}(wraw + n * {row_bytes}LL, xs + m0 * {K}LL, "
+            f"{'xsum' if q.qtype is QType.Q4_1 else '0'}, {K}, {nblk}, mr, out + m0 * N + n, N);",
             "#else",
             "            for (int64_t n = n0; n < n1; n++) {",
             f"                const uint8_t *wrow = wraw + n * {row_bytes}LL;",
