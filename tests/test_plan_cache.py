@@ -111,6 +111,18 @@ def test_options_that_shape_the_source_miss(option):
         assert hit and len(again.executor.kernel_times()) == len(prog.executor.kernel_times())
 
 
+def test_overridden_knobs_and_thresholds_miss(monkeypatch):
+    from lightspeed.kernel import fusion
+    from lightspeed.search import knobs
+    compile_checked(*model())
+    with knobs.override({"TILE": 8, "ROW_BLOCK": 2, "PARALLEL_GRAIN": 1 << 12}):
+        _, hit = compile_checked(*model())
+    assert not hit
+    monkeypatch.setattr(fusion, "RECOMPUTE_MAX_COST", 0)
+    _, hit = compile_checked(*model())
+    assert not hit
+
+
 def test_outputs_and_donated_inputs_are_part_of_the_key():
     g, outs = model()
     compile_checked(g, outs)
@@ -172,7 +184,8 @@ def test_lowering_hints_are_part_of_the_key():
 
 def test_key_is_the_same_in_another_process():
     g, outs = model()
-    # a fixed stand-in for the code fingerprint: others may edit the package while this runs
+    # a fixed stand-in for the code fingerprint and module constants: the package may change on disk
+    # while this runs (the subprocess would load the new code)
     key = plan_cache.plan_key(Program.build(g, outs), {"profile": False}, code="test")
     script = textwrap.dedent("""
         import sys

@@ -9,7 +9,9 @@ The key is a hash of an exact structural description of the program:
 - the backend options that change the rendered source (templates, int8 activations, profile,
   portable);
 - the contents of every source file of the ``lightspeed`` package, so any change to kernel
-  formation or rendering misses.
+  formation or rendering misses, and the current values of the upper-case module constants of
+  ``lightspeed.kernel`` and ``lightspeed.backend.c`` (thresholds, schedule knobs), so overriding
+  one at run time misses too.
 
 Symbolic expressions are written by their canonical sort keys (which include every variable's
 bounds), floats by their bits, small embedded arrays (at most ``ArrayConst.SMALL_BYTES``) by
@@ -31,6 +33,7 @@ import enum
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -62,6 +65,43 @@ def code_fingerprint() -> str:
         h.update(path.read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+# modules whose upper-case globals (heuristic thresholds, schedule knobs such as render.TILE) shape the
+# plan or the source: their current values are part of the key, so overriding one (search.knobs.override,
+# a benchmark, a test) misses instead of reusing a source rendered under other values
+STATE_MODULES = ("lightspeed.kernel", "lightspeed.backend.c")
+
+
+def _state_value(x: Any) -> str | None:
+    """``_value`` of a module constant, functions by name, dicts by sorted items; None for other objects."""
+    if callable(x) and hasattr(x, "__qualname__") and not isinstance(x, type):
+        return f"F{getattr(x, '__module__', '')}.{x.__qualname__}"
+    if isinstance(x, dict):
+        items = [(_state_value(k), _state_value(v)) for k, v in x.items()]
+        return None if any(a is None or b is None for a, b in items) else "{" + ",".join(sorted(
+            f"{a}:{b}" for a, b in items)) + "}"
+    if isinstance(x, (list, tuple, set, frozenset)):
+        parts = [_state_value(v) for v in x]
+        if any(p is None for p in parts):
+            return None
+        return "[" + ",".join(sorted(parts) if isinstance(x, (set, frozenset)) else parts) + "]"
+    try:
+        return _value(x)
+    except Uncacheable:
+        return None
+
+
+def module_state() -> str:
+    """The current values of the upper-case globals of the modules named by ``STATE_MODULES``."""
+    lines = []
+    for name in sorted(m for m in list(sys.modules) if m.startswith(STATE_MODULES)):
+        for attr, v in sorted(vars(sys.modules[name]).items()):
+            if attr.isupper() and not attr.startswith("_"):  # public constants, not private state
+                text = _state_value(v)
+                if text is not None:
+                    lines.append(f"{name}.{attr}={text}")
+    return "\n".join(lines)
 
 
 def _value(x: Any) -> str:
@@ -149,12 +189,13 @@ class _Describer:
 
 
 def plan_key(program: Program, options: dict[str, Any], code: str | None = None) -> str:
-    """The cache key of ``program`` compiled with backend ``options`` by the package's current code
-    (or by ``code``, a stand-in for its fingerprint); raises Uncacheable."""
+    """The cache key of ``program`` compiled with backend ``options`` by the package's current code and
+    module constants (or by ``code``, a stand-in for both); raises Uncacheable."""
     d = _Describer(program)
     lowerings = program.graph.lowerings
     h = hashlib.sha256()
-    h.update(f"lightspeed-plan-{FORMAT}\0{code if code is not None else code_fingerprint()}\0".encode())
+    h.update(f"lightspeed-plan-{FORMAT}\0".encode())
+    h.update((code if code is not None else code_fingerprint() + "\0" + module_state()).encode())
     h.update(_value(sorted(options.items())).encode())
     lines = []
     index = d.index
