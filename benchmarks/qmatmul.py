@@ -1,0 +1,102 @@
+"""Quantized matmul kernel: the matrices of one SmolLM2-135M decode step (30 layers of q/k/v/o/gate/up/down
+plus the 49152x576 logits), random GGUF blocks, run for 1 to 8 activation rows (decode, batched decode)
+and more (prefill), with float and with int8 activations.
+
+Times are the kernels' own (backend option profile=True), so Python call overhead is excluded; the
+weights (about 143 MB at Q8_0) exceed the last-level cache, so one row measures the weight stream.
+Prints, per row count, the min and median over runs of the time per call, the weight bytes per second,
+and the time relative to one row. Machines here are shared and noisy: compare ratios within one run.
+
+    python benchmarks/qmatmul.py [--quant q8_0] [--rows 1,2,4,8,64] [--layers 30] [--runs 10] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import numpy as np
+
+import lightspeed as ls
+from lightspeed.quant import QType, block_format
+from lightspeed.quant.decode_graph import dequant_matrix_graph
+
+HIDDEN, FFN, KV, VOCAB = 576, 1536, 192, 49152
+LAYER = [("q", HIDDEN, HIDDEN), ("k", KV, HIDDEN), ("v", KV, HIDDEN), ("o", HIDDEN, HIDDEN),
+         ("gate", FFN, HIDDEN), ("up", FFN, HIDDEN), ("down", HIDDEN, FFN)]  # (name, out, in)
+
+
+def random_blocks(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks with small finite float16 scales (and mins) at the format's scale offsets."""
+    fmt = block_format(qtype)
+    nb = k // fmt.block_elems
+    raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
+    for off in {QType.Q8_0: [0], QType.Q4_0: [0], QType.Q4_1: [0, 2]}[qtype]:
+        raw[:, :, off:off + 2] = rng.uniform(-0.05, 0.05, (rows, nb)).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * fmt.block_bytes)
+
+
+def build(qtype: QType, layers: int, rng: np.random.Generator) -> tuple[ls.Graph, list, int]:
+    g = ls.Graph()
+    seq = ls.dim("seq", 1, 512)
+    x, h = g.input("x", (seq, HIDDEN)), g.input("h", (seq, FFN))
+    outs, nbytes = [], 0
+    for _ in range(layers):
+        for _, n, k in LAYER:
+            raw = random_blocks(qtype, n, k, rng)
+            nbytes += raw.nbytes
+            outs.append((h if k == FFN else x).linear(dequant_matrix_graph(g.constant(raw), qtype)))
+    raw = random_blocks(qtype, VOCAB, HIDDEN, rng)
+    nbytes += raw.nbytes
+    outs.append(x.linear(dequant_matrix_graph(g.constant(raw), qtype)))
+    return g, outs, nbytes
+
+
+def run(quant: str, rows: list[int], layers: int, runs: int, int8: bool) -> dict:
+    qtype = QType[quant.upper()]
+    rng = np.random.default_rng(0)
+    g, outs, nbytes = build(qtype, layers, rng)
+    prog = g.compile(outs, backend="c", profile=True, int8_activations=int8)
+    ex = prog.executor
+    assert sum(k.schedule == "qmatmul" for k in ex.plan.kernels) == len(outs)
+    times: dict[int, list[float]] = {m: [] for m in rows}
+    for _ in range(runs):
+        for m in rows:  # interleaved, so that a noisy moment hits every row count alike
+            feed = {"x": rng.standard_normal((m, HIDDEN), dtype=np.float32),
+                    "h": rng.standard_normal((m, FFN), dtype=np.float32)}
+            prog(**feed)
+            ex.kernel_times(reset=True)
+            prog(**feed)
+            times[m].append(sum(t for name, t in ex.kernel_times(reset=True) if name.endswith(":qmatmul")))
+    base = min(times[rows[0]])
+    res = {"quant": quant, "activations": "int8" if int8 else "float", "weight_bytes": nbytes, "rows": {}}
+    for m in rows:
+        best, med = min(times[m]), statistics.median(times[m])
+        res["rows"][m] = {"ms": best * 1e3, "median_ms": med * 1e3, "gb_per_s": nbytes / best / 1e9,
+                          f"vs_{rows[0]}_row": best / base}
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quant", default="q8_0", choices=["q8_0", "q4_0", "q4_1"])
+    ap.add_argument("--rows", default="1,2,4,8,64", help="activation row counts (the first is the reference)")
+    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--activations", default="float,int8", help="float, int8 or both")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    rows = [int(r) for r in a.rows.split(",")]
+    results = [run(a.quant, rows, a.layers, a.runs, act == "int8") for act in a.activations.split(",")]
+    if a.json:
+        print(json.dumps(results, indent=1))
+        return
+    for r in results:
+        print(f"{r['quant']} x {r['activations']} activations, {r['weight_bytes'] / 1e6:.0f} MB of weights:")
+        for m, v in r["rows"].items():
+            print(f"  {m:4d} rows: {v['ms']:8.2f} ms (median {v['median_ms']:8.2f})  {v['gb_per_s']:6.1f} GB/s  "
+                  f"x{v[f'vs_{rows[0]}_row']:.2f} the time of {rows[0]} row(s)")
+
+
+if __name__ == "__main__":
+    main()
