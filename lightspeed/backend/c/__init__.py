@@ -40,7 +40,7 @@ def _shape_function(shape):
 __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "set_spin_time"]
 
 
-HUGE_PAGE_MIN_BYTES = 256 << 10  # smaller constants stay where they are
+HUGE_PAGE_MIN_BYTES = 64 << 10  # smaller constants stay where they are
 
 
 def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -68,7 +68,7 @@ class CBackend:
     them float32, which reproduces a float reference such as transformers token for token), ``search``
     (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
     and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
-    (dimension values to tune at), ``huge_pages`` (copy constants of at least 256 KiB, i.e. weights, once
+    (dimension values to tune at), ``huge_pages`` (copy constants of at least 64 KiB, i.e. weights, once
     into memory advised for 2 MiB pages, releasing the pages of a read-only file mapping they came from;
     see lightspeed/memory.py), ``plan_cache`` (reuse the rendered source of a structurally identical
     program compiled before, skipping kernel formation and rendering; see plan_cache.py)."""
