@@ -198,7 +198,7 @@ def match_attention(former) -> list[StreamingAttention]:
     """Every streaming attention in ``former``'s nodes (a ``kernel.fusion.Former``)."""
     found: list[StreamingAttention] = []
     for r in former.nodes:
-        if r.op is not Op.SUM_REDUCE:
+        if r.op is not Op.SUM_REDUCE or not former.may_lower(r):  # (search may keep it primitive)
             continue
         ch = _match_chain(r)
         if ch is None or not sym.is_const(r.shape[-1]) or int(r.shape[-1]) > MAX_VALUE_WIDTH:

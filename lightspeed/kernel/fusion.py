@@ -77,8 +77,10 @@ def _loop_var(name: str, size: sint) -> sym.Var:
 class Former:
     """Builds a KernelPlan from a Program."""
 
-    def __init__(self, program: Program, use_templates: bool = True, int8_activations: bool = False):
+    def __init__(self, program: Program, use_templates: bool = True, int8_activations: bool = False,
+                 lower_only: frozenset[int] | None = None):
         self.program = program
+        self.lower_only = lower_only  # None: every match lowers; else only matches at these node ids (search)
         self.int8_activations = int8_activations
         self.graph = program.graph
         self.outputs: list[Node] = []
@@ -114,7 +116,7 @@ class Former:
         if use_templates:
             for n in order:
                 q = match_quantized_matmul(n, lowerings)
-                if q is not None:
+                if q is not None and self.may_lower(n):
                     self.quantized[n.id] = q
         self.forced = {q.x.id for q in self.quantized.values()}
         # --- lowered kernels (search hook), see LOWERED_MATCHERS
@@ -123,6 +125,8 @@ class Former:
         if use_templates:
             for matcher in LOWERED_MATCHERS:
                 for low in matcher(self):
+                    if not self.may_lower(low.node):
+                        continue
                     self.lowered[low.node.id] = low
                     self.inlined |= low.inlined
                     self.forced |= low.forced
@@ -134,6 +138,11 @@ class Former:
                 if (dest.op is Op.INPUT and dest.arg in program.donated and st.is_contiguous
                         and _same_shape(st.shape, dest.shape) and len(self.consumers[dest.id]) == 1):
                     self.in_place[n.id] = dest
+
+    def may_lower(self, n: Node) -> bool:
+        """Whether a lowered kernel matched at ``n`` may replace its primitive form (graph search decides
+        per node with ``lower_only``; matchers that decide things for a set of matches ask first)."""
+        return self.lower_only is None or n.id in self.lower_only
 
     @staticmethod
     def _topo(roots, seen, order):
@@ -413,7 +422,10 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
     return top
 
 
-def form_kernels(program: Program, use_templates: bool = True, int8_activations: bool = False) -> KernelPlan:
+def form_kernels(program: Program, use_templates: bool = True, int8_activations: bool = False,
+                 lower_only: frozenset[int] | None = None) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
-    ``int8_activations=False`` keeps quantized matmuls' activations in float32 (slower, exact decode)."""
-    return Former(program, use_templates, int8_activations).plan()
+    ``int8_activations=False`` keeps quantized matmuls' activations in float32 (slower, exact decode);
+    ``lower_only`` (graph search's choice) lets only the lowered kernels matched at these node ids replace
+    their primitive forms (None: all of them)."""
+    return Former(program, use_templates, int8_activations, lower_only).plan()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .check import outputs_agree, random_inputs, sample_dims, validate_program
 from .cost import CostModel, calibrate, program_cost
 from .graph_search import GraphSearchResult, search_graph
+from .lowering import choose_lowerings, find_alternatives
 
 __all__ = ["search_graph", "GraphSearchResult", "CostModel", "calibrate", "program_cost", "validate_program",
-           "outputs_agree", "random_inputs", "sample_dims"]
+           "outputs_agree", "random_inputs", "sample_dims", "choose_lowerings", "find_alternatives"]

@@ -1,8 +1,11 @@
 """What ``graph.compile(..., backend="c", search=level)`` runs: graph-level search, then kernel-level
 schedule search on the resulting kernel plan, sharing one time budget.
 
-Level 1 (quick): exact rewrites (the rewrite package's SAFE rules) and a few knob settings per kernel.
-Level 2 (thorough): also the e-graph with rounding rules, and a grid of knob settings.
+Level 1 (quick): exact rewrites (the rewrite package's SAFE rules), an e-graph holding the program and
+its lowered kernels as alternatives (extracted by the calibrated cost model: which to lower), and a few
+knob settings per kernel.
+Level 2 (thorough): the e-graph with exact and rounding rules and the lowered alternatives, and a grid
+of knob settings.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 from ..graph import Program
 from ..kernel.fusion import KernelPlan, form_kernels
 from ..rewrite import rewrite_program, rules
+from .lowering import LoweringChoice, choose_lowerings, find_alternatives
 from .schedule import ScheduleResult, tune_schedule
 
 DEFAULT_BUDGET_S = {1: 30.0, 2: 120.0}
@@ -24,6 +28,8 @@ class SearchReport:
     budget_s: float
     graph: str = "original"  # original | rewrite | e-graph
     rewrites: dict = field(default_factory=dict)  # rule name -> times fired (level 1)
+    # the lowered kernels that were alternatives, their costs and which were chosen (``decisions``)
+    lowering: LoweringChoice | None = None
     schedule: ScheduleResult | None = None
     seconds: float = 0.0
 
@@ -42,25 +48,44 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
     if budget <= 0:
         raise ValueError(f"search_budget_s must be positive, got {budget_s!r}")
     report = SearchReport(level, budget)
+    form_options = dict(form_options or {})
+    templates = form_options.get("use_templates", True)
+    model = _model() if level == 2 else None
     new = program
+    lower_only = None
     if level == 1:
         result = rewrite_program(program, rules.SAFE)  # exact rules: the values cannot change
         if sum(result.fired.values()):
             new, report.graph, report.rewrites = result.program, "rewrite", dict(result.fired)
     else:
-        from ..backend.c.compiler import CompilerError
-        from .cost import CostModel, calibrate
         from .graph_search import search_graph
-        try:
-            model = calibrate()  # measured once per machine, then read from the cache
-        except CompilerError:
-            model = CostModel()
-        g = search_graph(program, level=2, budget_s=max(budget * GRAPH_SHARE - (time.perf_counter() - t0), 0.1),
-                         model=model)
+        g = search_graph(new, level=2, budget_s=max(budget * GRAPH_SHARE - (time.perf_counter() - t0), 0.1),
+                         model=model, rulesets=("exact", "rounding") + (("lowered",) if templates else ()))
         new, report.graph = g.program, g.chosen
-    if new is not program:
-        plan = form_kernels(new, **(form_options or {}))
+        if g.chosen == "e-graph" and templates:  # a new program: lower exactly what its extraction chose
+            report.lowering = LoweringChoice(g.decisions, g.lower_only, getattr(g.saturation, "enodes", 0), g.seconds)
+            lower_only = g.lower_only
+    alternatives = find_alternatives(new) if templates and report.lowering is None else []
+    if alternatives:  # which matched lowered kernels to form: an e-graph of the program and them
+        try:
+            report.lowering = choose_lowerings(new, model or _model(), alternatives)
+        except ImportError as e:  # no egglog: every match is lowered, as without search
+            report.lowering = LoweringChoice(note=str(e))
+        if not report.lowering.all_chosen:
+            lower_only = report.lowering.lower_only
+    if new is not program or lower_only is not None:
+        plan = form_kernels(new, **form_options, lower_only=lower_only)
     remaining = budget - (time.perf_counter() - t0)
     report.schedule = tune_schedule(new, plan, level, max(remaining, 0.0), cc, flags, dims, progress=progress)
     report.seconds = time.perf_counter() - t0
     return plan, report.schedule.schedule(), report
+
+
+def _model():
+    """The calibrated cost model (measured once per machine, then read from the cache)."""
+    from ..backend.c.compiler import CompilerError
+    from .cost import CostModel, calibrate
+    try:
+        return calibrate()
+    except CompilerError:
+        return CostModel()

@@ -3,6 +3,10 @@ the cost model, and a reference check of every candidate before it is chosen.
 
 The original program is always a candidate, so the result is never worse (by the model) and never
 wrong (by the check): a candidate that fails the reference check is discarded, whatever its cost.
+
+Lowered kernels (``lowering.py``) are alternatives in the e-graph: the e-graph candidate comes with the
+set of nodes to lower (``lower_only``); the original and the rewrite lower every match, as kernel
+formation does by default. Each candidate is costed as it will be formed.
 """
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from dataclasses import dataclass, field
 from ..graph import Program
 from ..rewrite import rewrite_program, rules
 from .check import validate_program
-from .cost import CostModel, program_cost
+from .cost import CostModel
+from .lowering import Decision, find_alternatives, lowered_program_cost
 
 
 @dataclass
@@ -21,6 +26,8 @@ class Candidate:
     program: Program
     cost: float
     valid: bool | None = None  # None: not checked (not needed)
+    lower_only: frozenset[int] | None = None  # nodes to lower (None: every match)
+    decisions: list[Decision] = field(default_factory=list)  # the e-graph's lowered alternatives
 
 
 @dataclass
@@ -31,16 +38,25 @@ class GraphSearchResult:
     saturation: object = None  # egraph.saturate.Saturation, when the e-graph ran
     seconds: float = 0.0
     note: str = ""
+    lower_only: frozenset[int] | None = None  # the chosen candidate's
+    decisions: list[Decision] = field(default_factory=list)
 
 
 def e_graph_candidate(program: Program, rulesets: tuple[str, ...], model: CostModel, max_iterations: int,
-                      max_enodes: int, time_limit_s: float, extra_rules: str = ""):
-    """(the cheapest program the e-graph holds, the saturation report)."""
+                      max_enodes: int, time_limit_s: float, extra_rules: str = "", alternatives=()):
+    """(the cheapest program the e-graph holds, the saturation report, the node ids of that program to
+    lower, the decisions on the lowered ``alternatives``)."""
     from .egraph import Extractor, Rebuilder, encode, read_egraph, saturate, serialized
-    enc = encode(program)
+    enc = encode(program, alternatives)
     eg, sat = saturate(enc.text, rulesets, max_iterations, max_enodes, time_limit_s, extra_rules)
     ex = Extractor(read_egraph(serialized(eg)), enc, model)
-    return Rebuilder(program, ex).program_out(), sat
+    rb = Rebuilder(program, ex)
+    return rb.program_out(), sat, frozenset(rb.lowered_roots), ex.lowered_decisions()
+
+
+def _cost(program: Program, model: CostModel, lower_only: frozenset[int] | None = None) -> float:
+    alts = find_alternatives(program)
+    return lowered_program_cost(program, model, [a for a in alts if lower_only is None or a.root.id in lower_only])
 
 
 def search_graph(program: Program, level: int = 1, budget_s: float = 5.0, model: CostModel | None = None,
@@ -48,23 +64,27 @@ def search_graph(program: Program, level: int = 1, budget_s: float = 5.0, model:
                  extra_rules: list | None = None, extra_egg: str = "") -> GraphSearchResult:
     """The cheapest program, by ``model``, among: the original, its rewrite to a fixpoint under the safe
     rules, and the e-graph's extraction (``level`` 1: exact e-graph rules; 2: also rules that change
-    rounding). Every candidate other than the original must pass ``validate_program``. ``extra_rules``
-    (rewrite.Rule) and ``extra_egg`` (egglog rule text) add rules to the two stages."""
+    rounding; both with the lowered kernels as alternatives). Every candidate other than the original must
+    pass ``validate_program``. ``extra_rules`` (rewrite.Rule) and ``extra_egg`` (egglog rule text) add
+    rules to the two stages."""
     t0 = time.perf_counter()
     model = model or CostModel()
-    cands = [Candidate("original", program, program_cost(program, model), True)]
+    cands = [Candidate("original", program, _cost(program, model), True)]
     note = ""
     safe = rewrite_program(program, rules.SAFE + list(extra_rules or [])).program
-    cands.append(Candidate("rewrite", safe, program_cost(safe, model)))
+    cands.append(Candidate("rewrite", safe, _cost(safe, model)))
     sat = None
     if rulesets is None:
-        rulesets = ("exact",) if level <= 1 else ("exact", "rounding")
+        rulesets = ("exact", "lowered") if level <= 1 else ("exact", "rounding", "lowered")
     remaining = budget_s - (time.perf_counter() - t0)
     if remaining > 0:
         try:
-            extracted, sat = e_graph_candidate(safe, rulesets, model, 4 if level <= 1 else 10,
-                                               5_000 if level <= 1 else 20_000, remaining * 0.5, extra_egg)
-            cands.append(Candidate("e-graph", extracted, program_cost(extracted, model)))
+            alts = find_alternatives(safe) if "lowered" in rulesets else []
+            extracted, sat, lower_only, decisions = e_graph_candidate(
+                safe, rulesets, model, 4 if level <= 1 else 10, 5_000 if level <= 1 else 20_000, remaining * 0.5,
+                extra_egg, alts)
+            cands.append(Candidate("e-graph", extracted, _cost(extracted, model, lower_only), None, lower_only,
+                                   decisions))
         except ImportError as e:
             note = str(e)
         except RuntimeError as e:  # an extraction that does not form a program is skipped
@@ -77,4 +97,5 @@ def search_graph(program: Program, level: int = 1, budget_s: float = 5.0, model:
         if c.valid:
             chosen = c
             break
-    return GraphSearchResult(chosen.program, chosen.name, cands, sat, time.perf_counter() - t0, note)
+    return GraphSearchResult(chosen.program, chosen.name, cands, sat, time.perf_counter() - t0, note,
+                             chosen.lower_only, chosen.decisions)

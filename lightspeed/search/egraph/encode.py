@@ -5,7 +5,14 @@ Everything else — inputs, array constants, integer and bool ops, casts, gather
 opaque ``(Leaf id)``: the e-graph does not look inside it, but its float32 sources are encoded too, so
 extraction can improve them. Views on edges are opaque numbers: ``(View t v)`` for a mask-free view,
 ``(MView t v)`` for one with padding, and no wrapper at all for an identity view. Each encoded node's
-e-class is marked by ``(Root id)`` so extraction can find it again after saturation.
+e-class is the value of the function ``(Root id)`` (``(set (Root id) term)``), so extraction can find it
+again after saturation, and its consumers refer to it by that lookup. (Not by ``let`` and ``union``:
+egglog makes each ``let`` a global, and commands then slow down with their number; a ``set`` is about
+twice as fast to load as a ``union``.) The text holds one command per line.
+
+Lowered kernels matched by kernel formation (``search/lowering.py``) are stated as facts
+``(Matched kind k e reads)``: alternative number ``k`` computes e-class ``e`` from the values ``reads``
+(an ``FList``); ``rules/lowered.egg`` turns each fact into a ``Lowered`` e-node of that e-class.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ class Encoding:
     views: list[ShapeTracker] = field(default_factory=list)  # View/MView numbers
     bool_edges: list[tuple[Node, ShapeTracker]] = field(default_factory=list)  # Sel numbers
     encoded: set[int] = field(default_factory=set)  # nodes with a (Root id)
+    alternatives: list = field(default_factory=list)  # lowering.Alternative, by number k of (Lowered kind k ..)
 
 
 def float32_bits(v: float) -> int:
@@ -71,8 +79,10 @@ class _Encoder:
         return v
 
     def ref(self, n: Node) -> str:
-        if n.id in self.enc.encoded or _is_scalar_f32_const(n):
-            return f"$n{n.id}"
+        if n.id in self.enc.encoded:
+            return f"(Root {n.id})"
+        if _is_scalar_f32_const(n):
+            return f"(Num {float32_bits(n.arg)})"
         return f"(Leaf {n.id})"
 
     def edge(self, s: Node, st: ShapeTracker) -> str:
@@ -82,9 +92,6 @@ class _Encoder:
         return f"({'View' if is_total(st) else 'MView'} {base} {self.view(st)})"
 
     def node(self, n: Node) -> None:
-        if _is_scalar_f32_const(n):
-            self.lines.append(f"(let $n{n.id} (Num {float32_bits(n.arg)}))")
-            return
         if not _encodable(n):
             return
         name = OP_NAMES[n.op]
@@ -99,14 +106,27 @@ class _Encoder:
         else:
             term = f"({name} {' '.join(self.edge(s, st) for s, st in n.srcs)})"
         self.enc.encoded.add(n.id)
-        self.lines.append(f"(let $n{n.id} {term})")
-        self.lines.append(f"(union (Root {n.id}) $n{n.id})")
+        self.lines.append(f"(set (Root {n.id}) {term})")
 
 
-def encode(program: Program) -> Encoding:
-    """The egglog encoding of ``program`` (see the module docstring)."""
+    def alternative(self, alt) -> None:
+        if alt.root.id not in self.enc.encoded:
+            return  # (not a float32 value of the e-graph: kernel formation keeps its default)
+        k = len(self.enc.alternatives)
+        self.enc.alternatives.append(alt)
+        reads = "(FNil)"
+        for r in reversed(alt.reads):
+            reads = f"(FCons {self.ref(r)} {reads})"
+        self.lines.append(f'(Matched "{alt.kind}" {k} (Root {alt.root.id}) {reads})')
+
+
+def encode(program: Program, alternatives=()) -> Encoding:
+    """The egglog encoding of ``program`` (see the module docstring), with facts for ``alternatives``
+    (``search.lowering.Alternative``) whose node is encoded."""
     e = _Encoder(program)
     for n in program.nodes:
         e.node(n)
+    for alt in alternatives:
+        e.alternative(alt)
     e.enc.text = "\n".join(e.lines) + "\n"
     return e.enc

@@ -4,9 +4,17 @@ Costs are computed bottom-up to a fixpoint (each e-class costs its cheapest e-no
 as in egg's extractor); shapes of e-classes are derived from the original nodes and views. The DAG
 cost of a choice counts every reachable e-class once, so shared values are not double counted when
 a choice is compared with the original program.
+
+An e-class holding a lowered kernel (``Lowered``) is then decided on its own: the lowered kernel's cost
+against the cost of the primitive e-nodes it would replace (the chosen forms below the e-class down to
+the values the kernel reads, each e-class once, scaled by the model's primitive factor of that kind).
+Tree costs would count a value the softmax reads twice (the scores feed both the max and the
+exponential) twice, and values both forms read are paid either way.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 
 from ... import dtypes as dt
@@ -30,7 +38,7 @@ class ExtractionError(RuntimeError):
 @dataclass(frozen=True)
 class ENode:
     op: str
-    args: tuple  # ("c", eclass) for a child e-class, ("i", int) for an integer literal
+    args: tuple  # ("c", eclass) for a child e-class, ("i", int) for an integer literal, ("s", str) a string
 
 
 @dataclass
@@ -48,6 +56,14 @@ def read_egraph(data: dict) -> EGraphView:
     for nid, nd in nodes.items():
         cls = nd["eclass"]
         if kinds.get(cls) != "F":
+            continue
+        if nd["op"] == "Lowered":  # (Lowered kind k reads): the reads list becomes the child e-classes
+            kind, num, lst = nd["children"]
+            args = [("s", json.loads(nodes[kind]["op"])), ("i", int(nodes[num]["op"]))]
+            while nodes[lst]["op"] == "FCons":
+                head, lst = nodes[lst]["children"]
+                args.append(("c", nodes[head]["eclass"]))
+            view.classes.setdefault(cls, []).append(ENode("Lowered", tuple(args)))
             continue
         args = []
         for ch in nd["children"]:
@@ -71,6 +87,7 @@ class Extractor:
         self.cost: dict[str, float] = {}
         self.best: dict[str, ENode] = {}
         self._costs()
+        self.decisions = self._decide_lowered()
 
     # shapes -------------------------------------------------------------------
     def _enode_shape(self, e: ENode):
@@ -79,6 +96,8 @@ class Extractor:
             return self.enc.nodes[a[0][1]].shape
         if e.op == "Num":
             return ()
+        if e.op == "Lowered":
+            return self.enc.alternatives[a[1][1]].root.shape
         if e.op in ("View", "MView"):
             return self.enc.views[a[1][1]].shape
         if e.op == "Sel":
@@ -113,6 +132,9 @@ class Extractor:
             return self.model.seconds(0, numel(n.shape) * n.dtype.itemsize) + EPS
         if e.op in ("Num", "View", "MView"):
             return EPS
+        if e.op == "Lowered":  # its work at its own rate; its output written and read once
+            alt = self.enc.alternatives[e.args[1][1]]
+            return self.model.lowered_seconds(alt.kind, alt.flops, 2 * alt.out_bytes) + EPS
         out = numel(self.shape.get(cls, ()))
         if e.op in ("Sum", "Max"):
             src = numel(self.shape.get(e.args[0][1], ()))
@@ -158,6 +180,57 @@ class Extractor:
                         heapq.heappush(heap, (total, pcls, p))
         self.cost = cost
 
+    def _tree_cost(self, e: ENode, cls: str) -> float:
+        return self.own_cost(e, cls) + sum(self.cost.get(ch, INF) for ch in {ch for k, ch in e.args if k == "c"})
+
+    def _replaced_cost(self, e: ENode, cls: str, reads: set[str]) -> float:
+        """Seconds of ``e`` and the chosen e-nodes below it down to the e-classes ``reads``, each once."""
+        total = self.own_cost(e, cls)
+        seen = set(reads) | {cls}
+        stack = [ch for k, ch in e.args if k == "c" and ch not in seen]
+        while stack:
+            c = stack.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            b = self.best.get(c)
+            if b is None:
+                return INF
+            total += self.own_cost(b, c)
+            stack.extend(ch for k, ch in b.args if k == "c" and ch not in seen)
+        return total
+
+    def _decide_lowered(self) -> list:
+        """Per e-class with a lowered kernel: the lowered kernel or its cheapest primitive e-node (see the
+        module docstring); ``best`` is set accordingly. Returns ``lowering.Decision`` rows."""
+        from ..lowering import Decision
+        rows = []
+        for cls, enodes in self.eg.classes.items():
+            lowered = [e for e in enodes if e.op == "Lowered"]
+            if not lowered or cls not in self.shape:
+                continue
+            prims = [e for e in enodes if e.op != "Lowered"]
+            prim = min(prims, key=lambda e: self._tree_cost(e, cls), default=None)
+            low = min(lowered, key=lambda e: self._tree_cost(e, cls))
+            alt = self.enc.alternatives[low.args[1][1]]
+            reads = {ch for k, ch in low.args if k == "c"}
+            low_s = self.own_cost(low, cls)
+            prim_s = INF if prim is None else \
+                self._replaced_cost(prim, cls, reads) * self.model.primitive_factor(alt.kind)
+            chosen = low_s < prim_s
+            self.best[cls] = low if chosen else prim
+            rows.append(Decision(alt.kind, alt.root.id, low_s, prim_s, chosen))
+            for other in lowered:  # several matches in one e-class (equal values): one decision for all
+                if other is not low:
+                    a = self.enc.alternatives[other.args[1][1]]
+                    rows.append(Decision(a.kind, a.root.id, self.own_cost(other, cls), prim_s, False))
+        rows.sort(key=lambda d: d.node)
+        return rows
+
+    def lowered_decisions(self) -> list:
+        """``lowering.Decision`` rows: each lowered alternative, its cost, its primitive form's, and the choice."""
+        return list(self.decisions)
+
     def dag_cost(self, classes: list[str]) -> float:
         """Cost of the chosen e-nodes reachable from ``classes``, each e-class counted once."""
         seen: set[str] = set()
@@ -178,13 +251,17 @@ class Extractor:
 
 class Rebuilder:
     """Builds a new program from an extractor's choice: encoded nodes from their e-classes, every other
-    node copied with its sources rebuilt."""
+    node copied with its sources rebuilt. A chosen lowered kernel is rebuilt as the primitive nodes of its
+    region, copied as they were (so kernel formation's matcher finds it again), over the rebuilt values
+    it reads; ``lowered_roots`` collects the new node ids to lower (``form_kernels(lower_only=...)``)."""
 
     def __init__(self, program: Program, ex: Extractor):
         self.program, self.ex, self.enc = program, ex, ex.enc
         self.g = Graph()
         self.by_class: dict[str, Tensor] = {}
         self.by_node: dict[int, Tensor] = {}
+        self.region_copies: dict[int, Tensor] = {}
+        self.lowered_roots: set[int] = set()
         self.active: set[str] = set()
         for n in program.inputs:
             self.by_node[n.id] = self.g.input(n.arg, n.shape, n.dtype)
@@ -223,8 +300,27 @@ class Rebuilder:
         node = self.g.node(op, [(t.node, t.st) for t in srcs], arg, dt.float32, shape)
         return Tensor(node, ShapeTracker.contiguous(shape))
 
+    def region_copy(self, n: Node, region: frozenset[int]) -> Tensor:
+        """Node ``n`` of a lowered kernel's region, copied with its sources (inside the region: copied too;
+        outside: rebuilt values)."""
+        t = self.region_copies.get(n.id)
+        if t is not None:
+            return t
+        srcs = []
+        for s, st in n.srcs:
+            v = self.region_copy(s, region) if s.id in region else self.node_value(s)
+            srcs.append((v.node, compose(v.st, st)))
+        t = Tensor(self.g.node(n.op, srcs, n.arg, n.dtype, n.shape), ShapeTracker.contiguous(n.shape))
+        self.region_copies[n.id] = t
+        return t
+
     def _enode_value(self, e: ENode, cls: str) -> Tensor:
         a = e.args
+        if e.op == "Lowered":
+            alt = self.enc.alternatives[a[1][1]]
+            t = self.region_copy(alt.root, alt.region)
+            self.lowered_roots.add(t.node.id)
+            return t
         if e.op == "Leaf":
             return self.node_value(self.enc.nodes[a[0][1]])
         if e.op == "Num":
@@ -254,6 +350,7 @@ class Rebuilder:
         for node, st in self.program.outputs:
             v = self.node_value(node)
             outs.append(Tensor(v.node, compose(v.st, st)))
+        self._carry_lowerings()
         new = Program.build(self.g, outs)
         new.inputs = [self.g.inputs[n.arg] for n in self.program.inputs]
         new.donated = set(self.program.donated)
@@ -262,3 +359,16 @@ class Rebuilder:
                           key=lambda v: v.name)
         return new
 
+    def _carry_lowerings(self) -> None:
+        """Facts for lowered kernels (a decoded weight's raw blocks, ``Graph.lowerings``) follow their nodes
+        to the new graph, where they were rebuilt as dense values."""
+        for nid, info in self.program.graph.lowerings.items():
+            raw_node = getattr(info, "raw_node", None)
+            raw = None if raw_node is None else self.by_node.get(raw_node.id, self.region_copies.get(raw_node.id))
+            if raw is None:
+                continue
+            for table in (self.by_node, self.region_copies):
+                t = table.get(nid)
+                if t is not None and t.st.is_contiguous and len(t.st.shape) == len(t.node.shape):
+                    self.g.lowerings[t.node.id] = dataclasses.replace(info, raw_node=raw.node,
+                                                                       raw_view=compose(raw.st, info.raw_view))

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RULES_DIR = Path(__file__).with_name("rules")
-RULESETS = ("exact", "rounding")  # files rules/<name>.egg, each declaring ``:ruleset <name>``
+RULESETS = ("exact", "rounding", "lowered")  # files rules/<name>.egg, each declaring ``:ruleset <name>``
 RULES_PER_SET = 10  # about how many rules a set holds (sizes the per-rule match limit)
+CHUNK = 50  # commands of the encoding per call into egglog (one call with all of them is quadratic)
 
 
 class EgglogMissing(ImportError):
@@ -57,15 +58,24 @@ def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: in
              max_enodes: int = 20_000, time_limit_s: float = 2.0, extra_rules: str = ""):
     """(the egglog EGraph, Saturation) after running ``rulesets`` over the terms in ``text``.
 
-    ``extra_rules`` is more egglog rule text (in the ``exact`` or ``rounding`` rule sets). Rule sets run
-    one iteration at a time; the loop stops when nothing changes, or at the first limit reached (an
-    iteration that starts is finished, so limits are checked between iterations)."""
+    ``extra_rules`` is more egglog rule text (in the ``exact`` or ``rounding`` rule sets). The ``lowered``
+    rule set runs once, first: it only turns the encoder's facts into alternatives, and no other rule
+    makes new facts. The other rule sets run one iteration at a time; the loop stops when nothing
+    changes, or at the first limit reached (an iteration that starts is finished, so limits are checked
+    between iterations)."""
     b = _bindings()
     eg = b.EGraph()
     t0 = time.perf_counter()
-    eg.run_program(*eg.parse_program(rules_text(rulesets) + "\n" + extra_rules + "\n" + text))
+    eg.run_program(*eg.parse_program(rules_text(rulesets) + "\n" + extra_rules))
+    lines = text.splitlines()  # (encode writes one command per line)
+    for k in range(0, len(lines), CHUNK):
+        eg.run_program(*eg.parse_program("\n".join(lines[k:k + CHUNK])))
+    lowered = "lowered" in rulesets
+    if lowered:
+        eg.run_program(*eg.parse_program("(run lowered 1)"))
+    rulesets = tuple(r for r in rulesets if r != "lowered")
     if not rulesets:
-        return eg, Saturation(0, True, _size(eg, b), time.perf_counter() - t0, "saturated")
+        return eg, Saturation(int(lowered), True, _size(eg, b), time.perf_counter() - t0, "saturated")
     stopped, iterations, enodes = "iterations", 0, _size(eg, b)
     for iterations in range(1, max_iterations + 1):
         # a back-off scheduler caps each rule's matches per iteration, so one iteration cannot grow the
