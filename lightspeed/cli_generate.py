@@ -14,8 +14,23 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default=None, type=str.lower, choices=["q8_0", "q4_0", "q4_1", "f16", "bf16", "f32"],
                    help="requantize the GGUF model's matrices to this type in memory at load")
     p.add_argument("--threads", type=int, default=None, help="threads running each step (default: one per core)")
-    p.add_argument("--int8-activations", action="store_true",
-                   help="quantize activations to int8 per block of 32 in the quantized matmuls (as llama.cpp does): faster, ~0.5%% error per product, so greedy output can differ from a float reference")
+    add_activations_argument(p)
+
+
+def add_activations_argument(p: argparse.ArgumentParser) -> None:
+    """``--activations`` (and its older spelling ``--int8-activations``) for generate, bench and serve."""
+    p.add_argument("--activations", default="float", choices=["float", "int16", "int8"],
+                   help="how the quantized matmuls (Q8_0/Q4_0/Q4_1) take activations: float (default; reproduces "
+                        "a float reference), int16 (quantized per block of 32: faster, ~2e-5 error per product) or "
+                        "int8 (as llama.cpp does: faster still, ~0.5%% error per product, so greedy output can "
+                        "differ from a float reference)")
+    p.add_argument("--int8-activations", dest="activations", action="store_const", const="int8",
+                   help="the same as --activations int8")
+
+
+def activation_options(activations: str) -> dict:
+    """The compile options of an ``--activations`` value (none for the default)."""
+    return {} if activations == "float" else {"activations": activations}
 
 
 def _sampling_arguments(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -41,7 +56,7 @@ def _load(args: argparse.Namespace):
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         from .backend.c import set_num_threads
         set_num_threads(args.threads)
-    options = {"int8_activations": True} if args.int8_activations else {}
+    options = activation_options(args.activations)
     return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant, **options)
 
 

@@ -145,9 +145,10 @@ def test_bench_errors(tiny, tmp_path, capsys):
         cli.main(["bench", "--quant", "q3_k"])
 
 
-def test_int8_activations_reach_the_compiled_step_from_bench_and_generate(tiny, capsys):
-    """``--int8-activations`` compiles the quantized matmuls with an int8 activation scratch (bench reports
-    it; generate runs with it); ``--threads`` sets the pool size and rejects 0."""
+def test_quantized_activations_reach_the_compiled_step_from_bench_and_generate(tiny, capsys):
+    """``--activations int16`` (and ``--int8-activations``, the older spelling of ``--activations int8``)
+    compile the quantized matmuls with an activation scratch (bench reports the mode; generate runs with
+    it); ``--threads`` sets the pool size and rejects 0."""
     import io
     from contextlib import redirect_stdout
 
@@ -156,15 +157,16 @@ def test_int8_activations_reach_the_compiled_step_from_bench_and_generate(tiny, 
     buf = io.StringIO()
     with redirect_stdout(buf):
         rc = cli.main(["bench", "--model", str(tiny), "--threads", "1", "--prompt-tokens", "4", "--decode-tokens", "2",
-                       "--runs", "1", "--probe-reps", "1", "--int8-activations", "--json", "--quiet"])
+                       "--runs", "1", "--probe-reps", "1", "--activations", "int16", "--json", "--quiet"])
     assert rc == 0
     r = json.loads(buf.getvalue())
-    assert r["activations"] == "int8" and r["options"]["int8_activations"] is True
-    assert "int8 activations" in format_text(r)
-    with_int8 = api.load(str(tiny), ctx=32, progress=False, int8_activations=True)
+    assert r["activations"] == "int16" and r["options"]["activations"] == "int16"
+    assert "int16 activations" in format_text(r)
+    with_int16 = api.load(str(tiny), ctx=32, progress=False, activations="int16")
     plain = api.load(str(tiny), ctx=32, progress=False)
-    scratch = [k for k in with_int8.step.program.executor.plan.kernels if k.schedule == "qmatmul" and k.scratch]
-    assert scratch and not [k for k in plain.step.program.executor.plan.kernels if k.scratch]
+    scratch = [k for k in with_int16.step.program.executor.plan.kernels if k.schedule == "qmatmul" and k.scratch]
+    assert scratch and all(k.template.activations == "int16" for k in scratch)
+    assert not [k for k in plain.step.program.executor.plan.kernels if k.scratch]
     old = get_num_threads()
     try:
         assert cli.main(["generate", "--model", str(tiny), "--ctx", "32", "--max-tokens", "3", "--threads", "1",

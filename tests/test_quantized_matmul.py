@@ -122,16 +122,62 @@ def test_int8_activations_stay_close_to_the_float_product(qtype: QType, portable
             assert 1e-5 < err < 2e-2  # quantised, but only by int8 rounding of the activations
 
 
+@pytest.mark.parametrize("qtype", list(F16_FIELDS), ids=lambda q: q.name)
+@pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
+def test_int16_activations_stay_within_their_rounding_of_the_float_product(qtype: QType, portable: bool) -> None:
+    """int16 activations (per-32-block scales amax/32767) apply to Q8_0/Q4_0/Q4_1, on every path, and stay
+    within int16 rounding of the exact product (~2e-5, 1/258 of int8's); the other types keep float."""
+    rng = np.random.default_rng(30 + int(qtype))
+    be = block_format(qtype).block_elems
+    k, n = (3 * be if be > 32 else 7 * 32), 37  # odd block counts and output rows
+    raw = random_raw(qtype, n, k, rng)
+    g, y = build(qtype, k, n, raw, with_bias=True)
+    ref = g.compile([y], backend="reference")
+    prog = g.compile([y], backend="c", activations="int16", portable=portable)
+    quantized = qtype in (QType.Q8_0, QType.Q4_0, QType.Q4_1)
+    assert [kern.scratch != [] for kern in prog.executor.plan.kernels if kern.schedule == "qmatmul"] == [quantized]
+    assert ("ls_qdot16_" + qtype.name.lower() + "(wraw") in prog.executor.source if quantized else True
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 13, 33, 64):  # decode and batched rows, prefill sizes
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        (want,) = ref(x=xv)
+        (got,) = prog(x=xv)
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        if quantized:
+            assert 1e-6 < err < 6e-5, (m, err)
+        else:
+            assert err < 2e-6, (m, err)
+
+
+def test_activation_modes_are_checked_and_compile_apart() -> None:
+    """Unknown modes fail naming the choices; a program compiled under one mode is not reused (plan cache)
+    for another; ``int8_activations=True`` is the older spelling of int8."""
+    rng = np.random.default_rng(40)
+    k, n = 64, 9
+    g, y = build(QType.Q8_0, k, n, random_raw(QType.Q8_0, n, k, rng), with_bias=False)
+    with pytest.raises(ValueError, match="float, int16, int8"):
+        g.compile([y], backend="c", activations="int4")
+    with pytest.raises(ValueError, match="contradicts"):
+        g.compile([y], backend="c", activations="int16", int8_activations=True)
+    calls = ["ls_qdot_q8_0(wraw", "ls_qdot16_q8_0(wraw", "ls_qdot8_q8_0(wraw"]
+    # the calls each mode renders (int8 keeps the float path for CPUs without its SIMD kernels)
+    wanted = {"float": [True, False, False], "int16": [False, True, False], "int8": [True, False, True]}
+    for opts, mode in [({}, "float"), (dict(activations="int16"), "int16"), (dict(activations="int8"), "int8"),
+                       (dict(int8_activations=True), "int8"), (dict(activations="int16"), "int16"), ({}, "float")]:
+        src = g.compile([y], backend="c", **opts).executor.source
+        assert [c in src for c in calls] == wanted[mode], (opts, mode)
+
+
 @pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.Q4_1], ids=lambda q: q.name)
-@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
-def test_a_row_gives_the_same_bits_alone_and_in_any_batch(qtype: QType, int8: bool) -> None:
+@pytest.mark.parametrize("mode,portable", [("float", False), ("int8", False), ("int16", False), ("int16", True)],
+                         ids=["float", "int8", "int16", "int16-portable"])
+def test_a_row_gives_the_same_bits_alone_and_in_any_batch(qtype: QType, mode: str, portable: bool) -> None:
     """Batched decoding must not change a sequence's result: each activation row's dot products are
     bit-identical whatever the number of rows (1 to 8 share one pass over the weights, more take several)."""
     rng = np.random.default_rng(20 + int(qtype))
     k, n = 160, 45  # 5 blocks: an odd count
     raw = random_raw(qtype, n, k, rng)
     g, y = build(qtype, k, n, raw, with_bias=False)
-    prog = g.compile([y], backend="c", int8_activations=int8)
+    prog = g.compile([y], backend="c", activations=mode, portable=portable)
     xv = rng.standard_normal((19, k)).astype(np.float32)
     (full,) = prog(x=xv)
     for m in (1, 2, 5, 8, 9, 16):

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from ..cli_generate import add_activations_argument
 from ..requant import TARGETS
 
 
@@ -13,7 +14,7 @@ def _bench(args: argparse.Namespace) -> int:
     from . import BenchOptions, format_text, plot, run_bench
     opts = BenchOptions(model=args.model, threads=args.threads, prompt_tokens=args.prompt_tokens,
                         decode_tokens=args.decode_tokens, runs=args.runs, quant=args.quant, peers=args.peers,
-                        probe_reps=args.probe_reps, seed=args.seed, int8_activations=args.int8_activations)
+                        probe_reps=args.probe_reps, seed=args.seed, activations=args.activations)
     if args.plot:  # fail before the long part when matplotlib is missing
         try:
             import matplotlib  # noqa: F401
@@ -44,8 +45,7 @@ def add_bench(sub) -> None:
     p.add_argument("--runs", type=int, default=3, help="runs; reports give the median and the best (default: 3)")
     p.add_argument("--quant", default=None, type=str.lower, choices=list(TARGETS),
                    help="requantize the matrices to this type in memory at load (peers get a file made the same way)")
-    p.add_argument("--int8-activations", action="store_true",
-                   help="quantize activations to int8 per block of 32 in the quantized matmuls (as llama.cpp does): faster, ~0.5%% error per product, so greedy output can differ from a float reference")
+    add_activations_argument(p)
     p.add_argument("--peers", action="store_true",
                    help="also time llama.cpp (llama-cpp-python) and PyTorch eager (transformers), when installed")
     p.add_argument("--json", action="store_true", help="print one JSON object")

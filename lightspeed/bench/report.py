@@ -13,8 +13,8 @@ def format_text(r: dict[str, Any]) -> str:
     """A readable summary of ``run_bench``'s report."""
     m = r["machine"]
     how = f"requantized to {r['quant']} in memory" if r["requantized_in_memory"] else r["quant"]
-    if r.get("activations") == "int8":
-        how += ", int8 activations"
+    if r.get("activations") in ("int16", "int8"):
+        how += f", {r['activations']} activations"
     lines = [
         f"model    {os.path.basename(r['model'])} ({how}; {_mb(r['weight_bytes_per_token'])} of weights read "
         f"per token)",

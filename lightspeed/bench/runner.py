@@ -41,7 +41,7 @@ class BenchOptions:
     peers: bool = False
     probe_reps: int = 5
     seed: int = 0
-    int8_activations: bool = False  # Lightspeed's quantized matmuls quantize activations (llama.cpp-style)
+    activations: str = "float"      # Lightspeed's quantized matmuls: float, int16 or int8 (llama.cpp-style)
     peer_names: tuple[str, ...] = PEERS
 
 
@@ -111,6 +111,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
     """Run the benchmark; returns the report as a JSON-ready dict (see ``lightspeed bench --json``)."""
     from ..api import default_model_path
     from ..backend.c import set_num_threads
+    from ..cli_generate import activation_options
     from ..models import load_model
     from ..requant import parse_target, quantize_gguf, requantize_model
 
@@ -143,7 +144,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
         max_chunk = min(opts.prompt_tokens, 512)
         log(f"compiling (cold cache: {scratch}/cache)")
         cache = os.path.join(scratch, "cache")
-        options = {"int8_activations": True} if opts.int8_activations else {}
+        options = activation_options(opts.activations)
         step, cold_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
         del step
         step, warm_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
@@ -208,7 +209,7 @@ def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, war
         "model_file_bytes": os.path.getsize(path),
         "quant": target.name if target is not None else main_type(tensors),
         "requantized_in_memory": target is not None,
-        "activations": "int8" if opts.int8_activations else "float32",
+        "activations": opts.activations,
         "weight_bytes_by_type": by_type,
         "threads": threads,
         "prompt_tokens": opts.prompt_tokens,

@@ -10,7 +10,7 @@ a SumReduce (a matmul) is one reduction loop.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import dtypes as dt
 from .. import symbolic as sym
@@ -18,7 +18,8 @@ from ..graph import ArrayConst, Node, Program
 from ..ops import BINARY, ELEMENTWISE, REDUCE, UNARY, Op
 from ..shape import ShapeTracker, unravel
 from . import ir
-from .quantized import INT8_QTYPES, QuantizedMatmul, int8_scratch_layout, match_quantized_matmul
+from .quantized import (QUANT_ACT_QTYPES, QuantizedMatmul, activation_mode, activation_scratch_layout,
+                        match_quantized_matmul)
 
 # --- lowered kernels (search hook): functions (Former) -> objects with ``node``, ``inlined`` (node ids only
 # the lowered kernel reads: never materialised), ``forced`` (node ids it needs as buffers) and
@@ -77,11 +78,11 @@ def _loop_var(name: str, size: sint) -> sym.Var:
 class Former:
     """Builds a KernelPlan from a Program."""
 
-    def __init__(self, program: Program, use_templates: bool = True, int8_activations: bool = False,
+    def __init__(self, program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None):
         self.program = program
         self.lower_only = lower_only  # None: every match lowers; else only matches at these node ids (search)
-        self.int8_activations = int8_activations
+        self.activations = activation_mode(activations)
         self.graph = program.graph
         self.outputs: list[Node] = []
         # an output that is a plain reshape of a computed node is that node's buffer under another shape,
@@ -346,12 +347,15 @@ class Former:
             return [write] if copy is None else [copy, write]
         if n.id in self.quantized:
             q = self.quantized[n.id]
+            quantize = self.activations != "float" and q.qtype in QUANT_ACT_QTYPES
+            if quantize:
+                q = replace(q, activations=self.activations)
             kern = ir.Kernel(name, buf, n.shape, vars_, ir.Const(0, n.dtype), "qmatmul", template=q,
                              template_reads=[self.buffers[q.x.id], self.buffers[q.raw.id]])
-            if self.int8_activations and q.qtype in INT8_QTYPES:
+            if quantize:
                 rows = max(sym.upper_bound(q.rows), 1)
                 kern.scratch = [ir.Buffer("temp", dt.uint8, (), f"xq{n.id}",
-                                          nbytes=int8_scratch_layout(rows, q.in_features)[-1])]
+                                          nbytes=activation_scratch_layout(rows, q.in_features, q.activations)[-1])]
             return [kern]
         if n.id in self.lowered:  # --- lowered kernels (search hook)
             return self.lowered[n.id].kernels(self, n, buf, name, vars_)
@@ -422,10 +426,11 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
     return top
 
 
-def form_kernels(program: Program, use_templates: bool = True, int8_activations: bool = False,
+def form_kernels(program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
-    ``int8_activations=False`` keeps quantized matmuls' activations in float32 (slower, exact decode);
+    ``activations`` is how quantized matmuls take their activations: "float" (float32, exact decode),
+    "int16" or "int8" (quantized per block of 32 once per call: faster, not bit-exact);
     ``lower_only`` (graph search's choice) lets only the lowered kernels matched at these node ids replace
     their primitive forms (None: all of them)."""
-    return Former(program, use_templates, int8_activations, lower_only).plan()
+    return Former(program, use_templates, activations, lower_only).plan()

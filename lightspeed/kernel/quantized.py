@@ -16,17 +16,31 @@ from ..graph import Node
 from ..ops import Op
 from ..quant import QType
 
-# weight types whose matmul can run with int8 activations (x quantized per block of 32, like GGUF's Q8_0)
-INT8_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
+# how a quantized matmul takes its activations: float32 as given, or quantized per block of 32 once per call
+# (int16: scale amax/32767, ~2e-5 relative error per product; int8: scale amax/127, as GGUF's Q8_0 dot products)
+ACTIVATION_MODES = ("float", "int16", "int8")
+# weight types whose matmul can run with quantized activations (the others keep float activations)
+QUANT_ACT_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
 
 
-def int8_scratch_layout(rows: int, k: int) -> tuple[int, int, int]:
+def activation_mode(activations: str = "float", int8_activations: bool = False) -> str:
+    """The checked activation mode; ``int8_activations=True`` is the older spelling of ``"int8"``."""
+    if activations not in ACTIVATION_MODES:
+        raise ValueError(f"activations={activations!r}: expected one of {', '.join(ACTIVATION_MODES)}")
+    if int8_activations:
+        if activations not in ("float", "int8"):
+            raise ValueError(f"int8_activations=True contradicts activations={activations!r}")
+        return "int8"
+    return activations
+
+
+def activation_scratch_layout(rows: int, k: int, mode: str = "int8") -> tuple[int, int, int]:
     """Byte offsets of (block scales, block sums, end) in the scratch of quantized activations:
-    int8 values [rows][k], then float scales and float scaled sums (scale * sum of the block's int8
-    values) [rows][k/32], each part 64-byte aligned."""
+    int8 or int16 values [rows][k], then float scales and float scaled sums (scale * sum of the block's
+    integer values) [rows][k/32], each part 64-byte aligned."""
     def up(n: int) -> int:
         return (n + 63) // 64 * 64
-    d_off = up(rows * k)
+    d_off = up(rows * k * (2 if mode == "int16" else 1))
     s_off = d_off + up(rows * (k // 32) * 4)
     return d_off, s_off, s_off + up(rows * (k // 32) * 4)
 
@@ -46,6 +60,7 @@ class QuantizedMatmul:
     rows: sym.sint
     in_features: int
     out_features: sym.sint
+    activations: str = "float"  # "int16" / "int8": x is quantized into the kernel's scratch once per call
 
 
 def _identity(st, shape) -> bool:

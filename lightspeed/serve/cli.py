@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli_generate import add_activations_argument
+
 
 def _serve(args: argparse.Namespace) -> int:
     try:
@@ -19,7 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
                         context=args.context, api_key=args.api_key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
                         shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend,
-                        threads=args.threads, int8_activations=args.int8_activations)
+                        threads=args.threads, activations=args.activations)
     try:
         return serve(opts)
     except (FileNotFoundError, ModelFormatError, ValueError, OSError) as e:
@@ -57,8 +59,7 @@ def add_serve(sub) -> None:
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning)")
     p.add_argument("--backend", default="c", help="compiler backend (default: c)")
-    p.add_argument("--int8-activations", action="store_true",
-                   help="quantize activations to int8 per block of 32 in the quantized matmuls (as llama.cpp does): faster, ~0.5%% error per product, so greedy output can differ from a float reference")
+    add_activations_argument(p)
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     p.set_defaults(handler=_serve)

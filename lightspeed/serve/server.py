@@ -33,7 +33,7 @@ class ServeOptions:
     log_level: str = "warning"
     backend: str = "c"
     threads: int | None = None           # threads of the C backend's pool (None: one per core)
-    int8_activations: bool = False       # int8 activations in the quantized matmuls (faster, not bit-exact)
+    activations: str = "float"           # quantized matmuls' activations: float, int16 or int8 (faster, not bit-exact)
 
 
 def model_name(path: str) -> str:
@@ -53,6 +53,7 @@ def _log(message: str) -> None:
 def build_state(opts: ServeOptions):
     """Load and compile everything; returns the ``ServerState`` (its engine started)."""
     from ..api import load
+    from ..cli_generate import activation_options
     from .app import ServerState
     from .batched import BatchedStep, supports
     if opts.max_batch < 1:
@@ -61,7 +62,7 @@ def build_state(opts: ServeOptions):
         from ..backend.c import set_num_threads
         set_num_threads(opts.threads)
     t0 = time.perf_counter()
-    options = {"int8_activations": True} if opts.int8_activations else {}
+    options = activation_options(opts.activations)
     model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options)
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
     if supports(model.lm):

@@ -12,6 +12,7 @@ from ... import memory
 from ... import symbolic as sym
 from ...graph import Program
 from ...kernel import form_kernels
+from ...kernel.quantized import activation_mode
 from .. import register_backend
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
@@ -63,9 +64,11 @@ class CBackend:
     ``templates`` (False runs every subgraph as generic fused loops, without lowered kernels such as the
     quantized matmul), ``profile`` (time every kernel; read with ``kernel_times()``), ``portable`` (use
     only the portable C paths of the kernels, not the ones for CPU features such as AVX-512),
-    ``int8_activations`` (quantized matmuls quantize their activations to int8 per block of 32, as GGUF's
-    Q8_0 dot products do: about 2x faster, with ~0.5% relative error in each product; the default keeps
-    them float32, which reproduces a float reference such as transformers token for token), ``search``
+    ``activations`` (how quantized matmuls of Q8_0/Q4_0/Q4_1 weights take their activations: "float", the
+    default, keeps them float32, which reproduces a float reference such as transformers token for token;
+    "int16" quantizes them per block of 32 to int16, ~2e-5 relative error in each product; "int8"
+    to int8, as GGUF's Q8_0 dot products do, ~0.5% relative error in each product; ``int8_activations=True``
+    is the older spelling of "int8"), ``search``
     (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
     and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
     (dimension values to tune at), ``huge_pages`` (copy constants of at least 64 KiB, i.e. weights, once
@@ -75,21 +78,23 @@ class CBackend:
 
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
                  templates: bool = True, profile: bool = False, portable: bool = False,
-                 int8_activations: bool = False, search: int = 0, search_budget_s: float | None = None,
-                 search_dims: dict | None = None, huge_pages: bool = True, plan_cache: bool = True):
+                 activations: str = "float", int8_activations: bool = False, search: int = 0,
+                 search_budget_s: float | None = None, search_dims: dict | None = None, huge_pages: bool = True,
+                 plan_cache: bool = True):
         t0 = time.perf_counter()
         self.program = program
         # a program compiled before (same structure, options and code) skips formation and rendering
-        cached = lookup_plan(program, dict(use_templates=templates, int8_activations=int8_activations),
+        form_options = dict(use_templates=templates, activations=activation_mode(activations, int8_activations))
+        cached = lookup_plan(program, form_options,
                              enabled=plan_cache and not search, profile=profile, portable=portable)
-        self.plan = cached.plan or form_kernels(program, use_templates=templates, int8_activations=int8_activations)
+        self.plan = cached.plan or form_kernels(program, **form_options)
         self.profile = profile
         schedule, self.search_report = None, None
         if search:  # --- search hook (lightspeed/search): graph rewrites, then measured kernel schedules
             from ...search.driver import search_compile
             self.plan, schedule, self.search_report = search_compile(
                 program, self.plan, search, search_budget_s, cc=cc, flags=flags, dims=search_dims,
-                form_options=dict(use_templates=templates, int8_activations=int8_activations))
+                form_options=form_options)
         self.source = cached.source or ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(
             self.plan, profile=profile, schedule=schedule)
         cached.store(self.plan, self.source)

@@ -365,3 +365,170 @@ LS_QDOT_I8(ls_qdot8_q4_0, 18, 1, LS_W8_Q4_0, 0)
 LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #define LS_HAVE_QDOT8 1
 #endif
+
+/* ---- int16 activations: each activation row is quantized per block of 32 to int16 with a float scale
+ * (amax / 32767: 1/258 of int8's rounding error, ~2e-5 relative error in a product), and the
+ * weights, widened to int16, are multiplied in integer arithmetic (madd: pairs of int16 products summed
+ * into int32 lanes; |w| <= 128 and |x| <= 32767, so 32 products fit easily). ls_quantize_rows16 writes,
+ * for M rows of K floats: q[M][K] int16, d[M][K/32] float scales and s[M][K/32] float (scale times the
+ * sum of the block's int16 values, for the min term of Q4_1). Its vector and scalar forms give the same
+ * values (max is exact; both round with the current rounding mode, nearest-even by default). */
+static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_t K, int16_t *restrict q,
+                                      float *restrict d, float *restrict s) {
+    const int64_t nb = K / 32;
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + m * K + 32 * b;
+            int16_t *qb = q + m * K + 32 * b;
+#if defined(__AVX2__) && !defined(LS_PORTABLE)
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            __m256 v[4];
+            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
+            const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+            const float amax = _mm_cvtss_f32(h);
+            const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+            __m256i iv[4];
+            for (int i = 0; i < 4; i++) iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+            /* int32 -> int16 (saturating); the packs interleave 128-bit lanes, the permutation restores the order */
+            _mm256_storeu_si256((__m256i *)qb, _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xd8));
+            _mm256_storeu_si256((__m256i *)(qb + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xd8));
+            __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+            const int32_t sum = _mm_cvtsi128_si32(t4);
+#else
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) { float v = fabsf(xb[i]); amax = v > amax ? v : amax; }
+            const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+            int32_t sum = 0;
+            for (int i = 0; i < 32; i++) {
+                int v = (int)__builtin_nearbyintf(xb[i] * inv);
+                v = v > 32767 ? 32767 : v < -32768 ? -32768 : v;
+                qb[i] = (int16_t)v;
+                sum += v;
+            }
+#endif
+            const float scale = amax / 32767.0f;
+            d[m * nb + b] = scale;
+            s[m * nb + b] = scale * (float)sum;
+        }
+    }
+}
+
+/* One weight row (nblk blocks) against up to LS_QMM_ROWS int16 activation rows (strides K and nblk): per
+ * row and block an exact integer dot product, then one FMA with the product of the two scales; q4_1 (w =
+ * d*nibble + m) adds m * s per block. A row's arithmetic is the same whatever the row count. */
+#if defined(__AVX512BW__) && defined(__AVX512F__) && !defined(LS_PORTABLE)
+/* a block's 32 weights before the scale, as int16 in one zmm */
+#define LS_W16_Q8_0(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((p) + 2)))
+#define LS_W16_Q4_0(p) _mm512_cvtepi8_epi16(ls_nibbles32((p) + 2, 8))
+#define LS_W16_Q4_1(p) _mm512_cvtepi8_epi16(ls_nibbles32((p) + 4, 0))
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
+        const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
+        int64_t ostride, const int MR) { \
+    __m512 acc[LS_QMM_ROWS]; float corr[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = _mm512_setzero_ps(); corr[r] = 0.0f; } \
+    for (int64_t b = 0; b < nblk; b++) { \
+        const uint8_t *blk = w + b * (BB); \
+        LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+        const __m512i wv = WVALS(blk); \
+        const __m512 dw = _mm512_set1_ps(ls_f16(blk)); \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) { \
+            const __m512i p = _mm512_madd_epi16(wv, _mm512_loadu_si512((const void *)(xq + r * K + 32 * b))); \
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])), acc[r]); \
+            if (MIN) corr[r] += ls_f16(blk + 2) * xs[r * nblk + b]; \
+        } \
+    } \
+    for (int r = 0; r < MR; r++) out[r * ostride] = _mm512_reduce_add_ps(acc[r]) + corr[r]; \
+} \
+static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd, \
+                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                        float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
+}
+#elif defined(__AVX2__) && !defined(LS_PORTABLE)
+/* a block's 32 weights before the scale, as two vectors of 16 int16 (elements 0-15 and 16-31) */
+#define LS_W16_Q8_0(p, lo, hi) do { \
+    lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((p) + 2))); \
+    hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)((p) + 18))); \
+} while (0)
+#define LS_W16_NIB(q, lo, hi, OFF) do { \
+    const __m128i bytes_ = _mm_loadu_si128((const __m128i *)(q)), m15_ = _mm_set1_epi8(15); \
+    lo = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(bytes_, m15_)), _mm256_set1_epi16(OFF)); \
+    hi = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes_, 4), m15_)), _mm256_set1_epi16(OFF)); \
+} while (0)
+#define LS_W16_Q4_0(p, lo, hi) LS_W16_NIB((p) + 2, lo, hi, 8)
+#define LS_W16_Q4_1(p, lo, hi) LS_W16_NIB((p) + 4, lo, hi, 0)
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
+        const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
+        int64_t ostride, const int MR) { \
+    __m256 acc[LS_QMM_ROWS]; float corr[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = _mm256_setzero_ps(); corr[r] = 0.0f; } \
+    for (int64_t b = 0; b < nblk; b++) { \
+        const uint8_t *blk = w + b * (BB); \
+        LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+        __m256i wa, wb; WVALS(blk, wa, wb); \
+        const __m256 dw = ls_bcast8_f16(blk); \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) { \
+            const int16_t *xr = xq + r * K + 32 * b; \
+            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wa, _mm256_loadu_si256((const __m256i *)xr)), \
+                                               _mm256_madd_epi16(wb, _mm256_loadu_si256((const __m256i *)(xr + 16)))); \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + r * nblk + b)), acc[r]); \
+            if (MIN) corr[r] += ls_f16(blk + 2) * xs[r * nblk + b]; \
+        } \
+    } \
+    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]) + corr[r]; \
+} \
+static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd, \
+                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                        float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
+}
+#else
+/* portable: a block's 32 weights before the scale, as ints */
+#define LS_W16_Q8_0(p, v) do { for (int i_ = 0; i_ < 32; i_++) v[i_] = ((const int8_t *)((p) + 2))[i_]; } while (0)
+#define LS_W16_NIB(q, v, OFF) do { \
+    for (int i_ = 0; i_ < 16; i_++) { v[i_] = ((q)[i_] & 15) - (OFF); v[i_ + 16] = ((q)[i_] >> 4) - (OFF); } \
+} while (0)
+#define LS_W16_Q4_0(p, v) LS_W16_NIB((p) + 2, v, 8)
+#define LS_W16_Q4_1(p, v) LS_W16_NIB((p) + 4, v, 0)
+/* (explicit fmaf: left to the compiler, whether a multiply-add was fused differed with the row count, so a
+ * row was rounded differently alone and batched) */
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
+        const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
+        int64_t ostride, const int MR) { \
+    float acc[LS_QMM_ROWS], corr[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = 0.0f; corr[r] = 0.0f; } \
+    for (int64_t b = 0; b < nblk; b++) { \
+        const uint8_t *blk = w + b * (BB); \
+        int32_t wv[32]; WVALS(blk, wv); \
+        const float dw = ls_f16(blk); \
+        for (int r = 0; r < MR; r++) { \
+            const int16_t *xr = xq + r * K + 32 * b; \
+            int32_t p = 0; \
+            for (int i = 0; i < 32; i++) p += wv[i] * (int32_t)xr[i]; \
+            acc[r] = fmaf((float)p, dw * xd[r * nblk + b], acc[r]); \
+            if (MIN) corr[r] = fmaf(ls_f16(blk + 2), xs[r * nblk + b], corr[r]); \
+        } \
+    } \
+    for (int r = 0; r < MR; r++) out[r * ostride] = acc[r] + corr[r]; \
+} \
+static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd, \
+                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                        float *restrict out, int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
+}
+#endif
+LS_QDOT_I16(ls_qdot16_q8_0, 34, LS_W16_Q8_0, 0)
+LS_QDOT_I16(ls_qdot16_q4_0, 18, LS_W16_Q4_0, 0)
+LS_QDOT_I16(ls_qdot16_q4_1, 20, LS_W16_Q4_1, 1)

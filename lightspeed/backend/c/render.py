@@ -17,7 +17,7 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
-from ...kernel.quantized import TEMPLATE_QTYPES, int8_scratch_layout
+from ...kernel.quantized import TEMPLATE_QTYPES, activation_scratch_layout
 from ...quant import QType, block_format
 from ...ops import Op
 
@@ -330,23 +330,26 @@ class KernelRenderer:
         rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
         rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
         rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
-        int8_lines, quantize = [], ""
-        if k.scratch:  # int8 activations, quantized once per call by the launcher
-            d_off, s_off, _ = int8_scratch_layout(max(sym.upper_bound(q.rows), 1), K)
+        quant_lines, quantize = [], ""
+        if k.scratch:  # quantized activations (int8 or int16), quantized once per call by the launcher
+            mode = q.activations
+            d_off, s_off, _ = activation_scratch_layout(max(sym.upper_bound(q.rows), 1), K, mode)
             sc = self.buf(k.scratch[0])
-            int8_lines = [
-                "#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)",
+            # int8 has SIMD kernels only (elsewhere the float path below runs); int16 has a portable form too
+            guard = ["#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)"] if mode == "int8" else []
+            itype, bits = ("int8_t", "8") if mode == "int8" else ("int16_t", "16")
+            quant_lines = guard + [
                 "            for (int64_t n = n0; n < n1; n++)",
-                f"                ls_qdot8_{tname}(wraw + n * {row_bytes}LL, (const int8_t *){sc} + m0 * {K}LL, "
+                f"                ls_qdot{bits}_{tname}(wraw + n * {row_bytes}LL, (const {itype} *){sc} + m0 * {K}LL, "
                 f"(const float *)({sc} + {d_off}) + m0 * {nblk}, (const float *)({sc} + {s_off}) + m0 * {nblk}, "
                 f"{K}, {nblk}, mr, out + m0 * N + n, N);"]
             lp = "((const ls_launch *)(&l))"
             x_i = self.kernel_buffers(k).index(x_buf)
             s_i = self.kernel_buffers(k).index(k.scratch[0])
-            quantize = ("\n#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)\n"
-                        f"      {{ uint8_t *sc = (uint8_t *){lp}->p[{s_i}]; ls_quantize_rows((const float *){lp}->p[{x_i}], "
-                        f"M, {K}, (int8_t *)sc, (float *)(sc + {d_off}), (float *)(sc + {s_off})); }}\n"
-                        "#endif\n")
+            quantize = (f"      {{ uint8_t *sc = (uint8_t *){lp}->p[{s_i}]; ls_quantize_rows{bits if bits == '16' else ''}"
+                        f"((const float *){lp}->p[{x_i}], M, {K}, ({itype} *)sc, (float *)(sc + {d_off}), "
+                        f"(float *)(sc + {s_off})); }}")
+            quantize = "\n".join([""] + guard + [quantize] + (["#endif", ""] if guard else [""]))
         lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
                  "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
         lines += [f"    {d}" for d in self.decls(k)]
@@ -359,8 +362,9 @@ class KernelRenderer:
             "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);",
             f"        for (int64_t m0 = 0; m0 < M; m0 += {QMM_ROWS}) {{",
             f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);",
-        ] + int8_lines + [
-            f"#{'elif' if int8_lines else 'if'} defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
+        ]
+        float_lines = [
+            f"#{'elif' if quant_lines else 'if'} defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
         ] + ([f"            float xsum[{QMM_ROWS * nblk}];  /* q4_1's min term: block sums of the rows */",
               f"            ls_block_sums(xs + m0 * {K}LL, mr, {K}, xsum);"] if q.qtype is QType.Q4_1 else []) + [
             "            for (int64_t n = n0; n < n1; n++)",
@@ -397,10 +401,10 @@ class KernelRenderer:
             "                    out[(m0 + ii) * N + n] = s;",
             "                }",
             "            }",
-            "#endif",
-            "        }",
-            "    }",
-            "}"]
+            "#endif"]
+        # int16 activations have a portable form: no float path to fall back to
+        lines += quant_lines if k.scratch and q.activations == "int16" else quant_lines + float_lines
+        lines += ["        }", "    }", "}"]
         work = f"(M * N * {K}LL)"
         call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
                 f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
