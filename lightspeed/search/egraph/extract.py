@@ -185,20 +185,7 @@ class Extractor:
 
     def _replaced_cost(self, e: ENode, cls: str, reads: set[str]) -> float:
         """Seconds of ``e`` and the chosen e-nodes below it down to the e-classes ``reads``, each once."""
-        total = self.own_cost(e, cls)
-        seen = set(reads) | {cls}
-        stack = [ch for k, ch in e.args if k == "c" and ch not in seen]
-        while stack:
-            c = stack.pop()
-            if c in seen:
-                continue
-            seen.add(c)
-            b = self.best.get(c)
-            if b is None:
-                return INF
-            total += self.own_cost(b, c)
-            stack.extend(ch for k, ch in b.args if k == "c" and ch not in seen)
-        return total
+        return self.own_cost(e, cls) + self.dag_cost([ch for k, ch in e.args if k == "c"], stop=set(reads) | {cls})
 
     def _decide_lowered(self) -> list:
         """Per e-class with a lowered kernel: the lowered kernel or its cheapest primitive e-node (see the
@@ -231,11 +218,12 @@ class Extractor:
         """``lowering.Decision`` rows: each lowered alternative, its cost, its primitive form's, and the choice."""
         return list(self.decisions)
 
-    def dag_cost(self, classes: list[str]) -> float:
-        """Cost of the chosen e-nodes reachable from ``classes``, each e-class counted once."""
-        seen: set[str] = set()
+    def dag_cost(self, classes: list[str], stop: set[str] | None = None) -> float:
+        """Cost of the chosen e-nodes reachable from ``classes`` (not through the e-classes ``stop``), each
+        e-class counted once."""
+        seen: set[str] = set(stop or ())
         total = 0.0
-        stack = list(classes)
+        stack = [c for c in classes if c not in seen]
         while stack:
             c = stack.pop()
             if c in seen:
@@ -245,7 +233,7 @@ class Extractor:
             if e is None:
                 return INF
             total += self.own_cost(e, c)
-            stack.extend(ch for k, ch in e.args if k == "c")
+            stack.extend(ch for k, ch in e.args if k == "c" and ch not in seen)
         return total
 
 
