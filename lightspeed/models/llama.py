@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
+from .. import symbolic as sym
 from ..frontend import linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, silu
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
@@ -262,11 +263,20 @@ class Llama(CausalLM):
         c = self.config
         seq = q.shape[0]
         g = q.graph
-        visible = g.iota(kv.total).reshape((1, kv.total)) <= kv.positions.reshape((seq, 1))  # key j <= pos + i
-        out = scaled_dot_product_attention(q.permute(1, 0, 2), keys, values, visible)  # [heads, seq, head_dim]
+        rep = c.n_heads // c.n_kv_heads
+        # the query heads that share a KV head are the query rows of one attention problem: row
+        # r = s * rep + h is head kv * rep + h at position pos + s, so each block of keys and values is read
+        # once for all of them (a decode step has rep rows per KV head instead of one row per head)
+        rows = sym.mul(seq, rep)
+        grouped = q.reshape((seq, c.n_kv_heads, rep, c.head_dim)).permute(1, 0, 2, 3).contiguous()
+        grouped = grouped.reshape((c.n_kv_heads, rows, c.head_dim))
+        position = kv.positions.reshape((seq, 1)).expand((seq, rep)).reshape((rows, 1))
+        visible = g.iota(kv.total).reshape((1, kv.total)) <= position  # key j <= the row's position
+        out = scaled_dot_product_attention(grouped, keys, values, visible)  # [kv_heads, seq * rep, head_dim]
         # dense rows, so the output projection reads them like any activation (and a quantized
         # matmul kernel can take it)
-        out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim)).contiguous()
+        out = out.reshape((c.n_kv_heads, seq, rep, c.head_dim)).permute(1, 0, 2, 3)
+        out = out.reshape((seq, c.n_heads * c.head_dim)).contiguous()
         return linear(out, *params[0])
 
     def mlp(self, g: Graph, h: Tensor, i: int) -> Tensor:
