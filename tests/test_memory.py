@@ -89,3 +89,34 @@ def test_c_backend_reads_weights_from_a_region_and_gives_the_same_results() -> N
     assert not any(memory.in_region(a) for a in off.executor._consts)
     np.testing.assert_array_equal(on(x=xv)[0], off(x=xv)[0])
     np.testing.assert_allclose(on(x=xv)[0], xv @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_programs_over_the_same_file_weights_share_one_copy(tmp_path) -> None:
+    """Two programs over one read-only (file-mapped) weight read the same huge-page copy; a writable
+    constant is copied for each program (it may change between compiles); the shared entry goes with the
+    last program."""
+    import gc
+
+    from lightspeed.backend import c as cbackend
+    path = tmp_path / "w.bin"
+    w = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+    path.write_bytes(w.tobytes())
+    with open(path, "rb") as f:
+        mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.float32).reshape(256, 256)
+    assert not mapped.flags.writeable
+    writable = w.copy()
+    progs = []
+    for scale in (1.0, 2.0):  # two different graphs over the same constants
+        g = ls.Graph()
+        x = g.input("x", (2, 256), ls.float32)
+        progs.append(g.compile([(x @ g.constant(mapped).T) * scale + (x @ g.constant(writable).T)], backend="c"))
+    copies = [[a.ctypes.data for a in p.executor._consts if memory.in_region(a)] for p in progs]
+    assert len(copies[0]) == 2 and len(copies[1]) == 2
+    assert len(set(copies[0]) & set(copies[1])) == 1, "the file-mapped weight should be copied once"
+    xv = np.ones((2, 256), np.float32)
+    np.testing.assert_allclose(progs[1](x=xv)[0], 3 * (xv @ w.T), rtol=1e-4, atol=1e-3)
+    key = (mapped.ctypes.data, mapped.nbytes, mapped.dtype.str, mapped.shape)
+    assert key in cbackend._COPIES
+    progs.clear()
+    gc.collect()
+    assert key not in cbackend._COPIES

@@ -3,6 +3,7 @@ called once per run through ctypes with plain integer addresses."""
 from __future__ import annotations
 
 import time
+import weakref
 
 import cffi
 
@@ -44,17 +45,37 @@ __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "s
 HUGE_PAGE_MIN_BYTES = 64 << 10  # smaller constants stay where they are
 
 
+# copies of read-only arrays (weights mapped from a file) already in huge-page memory, by the source's
+# address, size, dtype and shape: a second program over the same weights (e.g. serve's batched step next to
+# the single-sequence one) reads the same copy instead of making another. An entry holds its source, so
+# that address cannot be reused by other data while the copy lives; it goes when the copy does.
+_COPIES: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+
+
 def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
     """``arrays`` with the large ones not yet in huge-page memory replaced by copies that are (one region
-    for all); the file pages of the originals are released (see lightspeed/memory.py)."""
-    big = [k for k, a in enumerate(arrays) if a.nbytes >= HUGE_PAGE_MIN_BYTES and not memory.in_region(a)]
-    if not big:
-        return arrays
-    region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k in big))
+    for all new copies); the file pages of the originals are released (see lightspeed/memory.py)."""
     out = list(arrays)
-    for k in big:
+    todo = []
+    for k, a in enumerate(arrays):
+        if a.nbytes < HUGE_PAGE_MIN_BYTES or memory.in_region(a):
+            continue
+        key = (a.ctypes.data, a.nbytes, a.dtype.str, a.shape)
+        entry = _COPIES.get(key) if not a.flags.writeable else None
+        copy = entry[0]() if entry is not None else None
+        if copy is not None:
+            out[k] = copy
+        else:
+            todo.append((k, key))
+    if not todo:
+        return out
+    region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k, _ in todo))
+    for k, key in todo:
         out[k] = region.copy(arrays[k])
-    memory.release_file_pages([arrays[k] for k in big])
+        if not arrays[k].flags.writeable:  # a writable source may change: its next program copies it again
+            _COPIES[key] = (weakref.ref(out[k]), arrays[k])
+            weakref.finalize(out[k], _COPIES.pop, key, None)
+    memory.release_file_pages([arrays[k] for k, _ in todo])
     return out
 
 
