@@ -606,6 +606,21 @@ def test_reshaped_output_is_stored_once_and_read_by_other_kernels() -> None:
         assert not np.shares_memory(c[0], c[4]) and not np.shares_memory(c[0], c[2])
 
 
+def test_scatter_stored_as_a_reshaped_output() -> None:
+    """A Scatter whose output is a reshape of it writes its rows at the scattered node's own offsets
+    (the buffer carries the output's shape; found by the random-graph test)."""
+    g = ls.Graph()
+    x = g.input("x", (3, 2), ls.float32)
+    idx = g.input("idx", (2,), ls.int32)
+    src = g.input("src", (2, 2), ls.float32)
+    out = x.scatter(idx, src).reshape((1, 3, 2, 1))
+    inputs = dict(x=np.arange(6, dtype=F32).reshape(3, 2), idx=np.array([2, 0], np.int32),
+                  src=np.array([[10, 11], [20, 21]], F32))
+    c, r = both(g, [out], **inputs)
+    np.testing.assert_array_equal(c[0], r[0])
+    np.testing.assert_array_equal(c[0].reshape(3, 2), [[20, 21], [2, 3], [10, 11]])
+
+
 def test_constant_and_iota_outputs() -> None:
     n = ls.dim("n", 1, 9)
     g = ls.Graph()

@@ -468,7 +468,8 @@ class KernelRenderer:
     def scatter_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
         rows_var = _loop_var("kid", k.scatter_rows)
         kid = self.var(rows_var)
-        off = self.idx(_dense_offset([rows_var] + list(vars_[1:]), k.out.shape))
+        # the scattered node's own shape (its buffer may be an output stored under a reshaped shape)
+        off = self.idx(_dense_offset([rows_var] + list(vars_[1:]), (k.scatter_rows,) + tuple(k.shape[1:])))
         return [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
                 f"            const int64_t {kid} = (int64_t)({self.expr(k.scatter_index)});",
                 f"            if ({kid} >= 0 && {kid} < {self.idx(k.scatter_rows)}) "
