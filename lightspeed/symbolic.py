@@ -530,7 +530,17 @@ def sym_upper(x: Expr) -> sint:
         for f in x.factors:
             out = mul(out, sym_upper(f))
         return out
+    if _loop_invariant(x):  # e.g. min(pos+seq, ctx): fixed while a kernel runs, its own best bound
+        return x
     return x.hi
+
+
+def _loop_invariant(x: Expr) -> bool:
+    """True if ``x`` is a min or max of dimensions only (no loop variable)."""
+    if not isinstance(x, (Min, Max)):
+        return False
+    fv = free_vars(x)
+    return bool(fv) and all(v.hi_expr is None for v in fv)
 
 
 def sym_lower(x: Expr) -> sint:
@@ -546,6 +556,8 @@ def sym_lower(x: Expr) -> sint:
         for f in x.factors:
             out = mul(out, sym_lower(f))
         return out
+    if _loop_invariant(x):
+        return x
     return x.lo
 
 

@@ -357,3 +357,21 @@ def test_render_c_matches_python_semantics(tmp_path):
     assert len(out) == len(cases)
     for (text, env, want, what), got in zip(cases, out):
         assert int(got) == want, f"C `{text}` = {got}, Python {want} for {what} at {env}"
+
+
+def test_min_of_dimensions_is_its_own_bound_in_index_proofs():
+    """(K*i + j) // (K*c) is 0 for j < K and i < c also when K is a min of dimensions (a KV cache's extent
+    min(pos + seq, ctx)); checked against evaluation at every point."""
+    from lightspeed.kernel.attention import _var
+    pos, seq = sym.dim("pos", 0, 9), sym.dim("seq", 1, 4)
+    k = sym.smin(sym.add(pos, seq), 8)
+    i, j = _var("i", sym.mul(seq, 2)), _var("j", k)
+    q = sym.floordiv(sym.add(sym.mul(k, i), j), sym.mul(sym.mul(k, seq), 2))
+    assert sym.same(q, 0)
+    for p in range(10):
+        for s in range(1, 5):
+            kk = min(p + s, 8)
+            for ii in range(2 * s):
+                for jj in range(kk):
+                    assert (kk * ii + jj) // (kk * s * 2) == 0
+    assert sym.sym_upper(k) is k and sym.sym_lower(k) is k
