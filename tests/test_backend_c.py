@@ -6,15 +6,14 @@ they turn into failures as soon as they are fixed and the marker can go.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from time_limit import time_limit
 
 import lightspeed as ls
 from lightspeed import dtypes as dt
@@ -54,18 +53,6 @@ def compile_calls(monkeypatch, tmp_path):
     return calls
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float, what: str):
-    """TimeoutError if the block runs longer than ``seconds`` (a hang becomes a failure)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"{what} took longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def both(g: ls.Graph, outs, **inputs):
@@ -521,7 +508,7 @@ def test_batched_matmul_over_an_expression_sized_axis_compiles_quickly() -> None
     g = ls.Graph()
     a = g.input("a", (3, s0 + 1, s0), ls.float32)
     w = g.input("w", (s0, s0), ls.float32)
-    with _time_limit(10, "forming the kernels of a 3-D @ 2-D matmul"):
+    with time_limit(10, "forming the kernels of a 3-D @ 2-D matmul"):
         prog = g.compile([a @ w], backend="c")
     av, wv = np.ones((3, 3, 2), F32), np.full((2, 2), 0.5, F32)
     np.testing.assert_array_equal(prog(a=av, w=wv)[0], np.ones((3, 3, 2), F32))

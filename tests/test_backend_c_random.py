@@ -21,10 +21,8 @@ different summation order moves a result by a few ulps of the largest term).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +30,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
+from time_limit import time_limit
 
 import lightspeed as ls
 from lightspeed import dtypes as dt
@@ -626,18 +625,6 @@ def _bindings(dims: list[sym.Var], data: st.DataObject) -> list[dict[str, int]]:
     return out
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float, what: str):
-    """TimeoutError if the block runs longer than ``seconds`` (a hang becomes a failing example)."""
-    def expire(signum, frame):
-        raise TimeoutError(f"{what} took longer than {seconds} s")
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _arena_overlaps(plan) -> list[str]:
@@ -682,7 +669,7 @@ def test_random_graph_c_matches_reference(data: st.DataObject) -> None:
     outs = [v.t for v in built.outputs]
     program = Program.build(built.graph, outs)
     note("\n".join(built.log) + "\nprogram:\n" + describe(program) + "\noutputs: " + repr(program.outputs))
-    with _time_limit(COMPILE_LIMIT_S, "compiling a random graph for the C backend"):
+    with time_limit(COMPILE_LIMIT_S, "compiling a random graph for the C backend"):
         c_prog = built.graph.compile(outs, backend="c")
     for line in built.log:
         event(line.split("(")[0].split(" ")[0])

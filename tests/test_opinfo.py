@@ -74,10 +74,9 @@ def _leaves_ok(sample) -> str | None:
     return None
 
 
-def _traced(op, sample, compiler):
-    """aot_autograd-compiled function of the sample's tensor leaves (other leaves are constants)."""
-    from torch._functorch.aot_autograd import aot_function
-    from lightspeed.torch_backend.decompositions import decomposition_table
+def _of_tensor_leaves(op, sample):
+    """(a function of the sample's tensor leaves that calls ``op`` with the other leaves as constants,
+    those tensor leaves)."""
     leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
     is_t = [isinstance(x, torch.Tensor) for x in leaves]
     tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -88,6 +87,14 @@ def _traced(op, sample, compiler):
         inp, args, kwargs = pytree.tree_unflatten(full, spec)
         return op(inp, *args, **kwargs)
 
+    return fn, tensors
+
+
+def _traced(op, sample, compiler):
+    """aot_autograd-compiled function of the sample's tensor leaves (other leaves are constants)."""
+    from torch._functorch.aot_autograd import aot_function
+    from lightspeed.torch_backend.decompositions import decomposition_table
+    fn, tensors = _of_tensor_leaves(op, sample)
     return aot_function(fn, fw_compiler=compiler, decompositions=decomposition_table()), tensors
 
 
@@ -217,15 +224,7 @@ def test_opinfo_sweep_reference():
 
 
 def _compiled_op(op, sample):
-    leaves, spec = pytree.tree_flatten((sample.input, sample.args, sample.kwargs))
-    is_t = [isinstance(x, torch.Tensor) for x in leaves]
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
-
-    def fn(*ts):
-        it = iter(ts)
-        full = [next(it) if t else x for x, t in zip(leaves, is_t)]
-        inp, args, kwargs = pytree.tree_unflatten(full, spec)
-        return op(inp, *args, **kwargs)
+    fn, tensors = _of_tensor_leaves(op, sample)
     return torch.compile(fn, backend="lightspeed", options={"backend": "c"}), tensors
 
 

@@ -147,14 +147,21 @@ def _run(model, kwargs):
         return main_output(model(**kwargs))
 
 
-@pytest.mark.parametrize("name", list(ZOO))
-def test_zoo_static(name):
+def _fresh_compile(name: str, **options):
+    """(the eager model, its input maker, the model under torch.compile with Lightspeed), with Dynamo's
+    caches and Lightspeed's counters reset."""
     _needs(name)
     from lightspeed.torch_backend import STATS
     model, make = ZOO[name]()
     torch._dynamo.reset()
     STATS.reset()
-    compiled = torch.compile(model, backend="lightspeed")
+    return model, make, torch.compile(model, backend="lightspeed", **options)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_zoo_static(name):
+    from lightspeed.torch_backend import STATS
+    model, make, compiled = _fresh_compile(name)
     kwargs = make(2, 8)
     torch.testing.assert_close(_run(compiled, kwargs), _run(model, kwargs), rtol=RTOL, atol=ATOL)
     assert STATS.fx_graphs >= 1 and STATS.eager_nodes == 0
@@ -162,12 +169,8 @@ def test_zoo_static(name):
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_dynamic(name):
-    _needs(name)
     from lightspeed.torch_backend import STATS
-    model, make = ZOO[name]()
-    torch._dynamo.reset()
-    STATS.reset()
-    compiled = torch.compile(model, backend="lightspeed", dynamic=True)
+    model, make, compiled = _fresh_compile(name, dynamic=True)
     first = make(2, 8)
     torch.testing.assert_close(_run(compiled, first), _run(model, first), rtol=RTOL, atol=ATOL)
     graphs, builds = STATS.fx_graphs, STATS.builds

@@ -7,20 +7,21 @@ The model keeps reading its weights through a ``GGUFWeights`` store; only the fi
 under it changes: a ``RequantizedFile`` whose tensor table holds ``RequantizedTensor``
 objects (new arrays) for the converted matrices and the original memory-mapped tensors
 for everything else. Tensors are converted one at a time, and the pages of the mapped file
-that a converted tensor occupied are handed back to the kernel (``MADV_DONTNEED``), so the
+that converted tensors occupied are handed back to the kernel (``MADV_DONTNEED``, every 16 MB), so the
 process holds the new weights, not the new and the old ones.
 """
 from __future__ import annotations
 
-import mmap
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes as dt
-from ..memory import ALIGN, HugePageRegion
+from ..memory import ALIGN, HugePageRegion, release_file_pages
 from ..quant import QType, dequantize
 from .plan import byte_shape, convert, parse_target, planned_type
+
+RELEASE_BYTES = 16 << 20  # the old pages held at most before they are handed back
 
 # element views of the plain (unblocked) types: numpy dtype of the view, Lightspeed dtype
 _PLAIN = {QType.F32: ("<f4", dt.float32), QType.F16: ("<f2", dt.float16), QType.BF16: ("<u2", dt.bfloat16)}
@@ -76,26 +77,11 @@ class RequantizedFile:
         return f"RequantizedFile({self.original!r} -> {self.target.name})"
 
 
-def _release_pages(gf: Any, offset: int, n_bytes: int) -> None:
-    """Drop the resident pages of [offset, offset + n_bytes) of the file's mapping (the file and the
-    page cache keep the data; only this process stops holding it)."""
-    mapping = getattr(gf, "_map", None)
-    if not isinstance(mapping, mmap.mmap) or not hasattr(mapping, "madvise"):
-        return
-    page = mmap.PAGESIZE
-    start = -(-offset // page) * page
-    end = (offset + n_bytes) // page * page
-    if end > start:
-        try:
-            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            pass  # an optimisation only
-
-
 def requantize_file(gf: Any, target: str | QType, release: bool = True) -> RequantizedFile:
     """``gf`` (a ``GGUFFile``) with its matrices re-encoded as ``target`` (see ``plan.planned_type``)."""
     target = parse_target(target)
     tensors: dict[str, Any] = {}
+    done: list[np.ndarray] = []  # converted tensors whose file pages are not released yet
     plan = {name: planned_type(tuple(t.shape), t.qtype, target) for name, t in gf.tensors.items()}
     # the new weights go to one region advised for huge pages, where compiled kernels read them
     # (lightspeed/memory.py; the C backend would otherwise copy them there)
@@ -111,7 +97,12 @@ def requantize_file(gf: Any, target: str | QType, release: bool = True) -> Requa
         raw = convert(t.raw, t.qtype, to, out=region.take(int(np.prod(shape, dtype=np.int64)), np.uint8, shape))
         tensors[name] = RequantizedTensor(name, to, tuple(t.shape), raw)
         if release:
-            _release_pages(gf, t.offset, t.n_bytes)
+            done.append(t.raw)
+            if sum(a.nbytes for a in done) >= RELEASE_BYTES:  # batched: each release reads the process's maps
+                release_file_pages(done)
+                done = []
+    if release:
+        release_file_pages(done)
     return RequantizedFile(gf, tensors, target)
 
 

@@ -251,6 +251,28 @@ LS_QDOT_AVX2(ls_qdot_q4_1, LS_VALS_Q4_1, 20, 1)
 #define LS_HAVE_QDOT_q4_1 1
 #endif
 
+#if defined(__AVX2__)
+/* helpers of the activation quantizers below: the 32 floats at xb into v[4] and their largest magnitude
+ * (exact, as the scalar loop), and the sum of 32 int32 values held in four vectors */
+static inline float ls_load_absmax32(const float *xb, __m256 *v) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
+    const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+static inline int32_t ls_sum32_epi32(const __m256i *iv) {
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+    return _mm_cvtsi128_si32(t4);
+}
+#endif
+
 /* ---- int8 activations (as GGUF's Q8_0 x Q8_0 dot products): each activation row is quantized per
  * block of 32 to int8 with a float scale, and weight blocks are multiplied in integer arithmetic.
  * ls_quantize_rows writes, for M rows of K floats: q[M][K] int8, d[M][K/32] float (the scales) and
@@ -264,15 +286,8 @@ static inline void ls_quantize_rows(const float *restrict x, int64_t M, int64_t 
             int8_t *qb = q + m * K + 32 * b;
 #if defined(__AVX2__)
             /* the same values as the loops below, vectorised (gcc leaves the max reduction scalar) */
-            const __m256 sign = _mm256_set1_ps(-0.0f);
             __m256 v[4];
-            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
-            const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-            const float amax = _mm_cvtss_f32(h);
+            const float amax = ls_load_absmax32(xb, v);
             const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
             __m256i iv[4];
             for (int i = 0; i < 4; i++)
@@ -281,11 +296,7 @@ static inline void ls_quantize_rows(const float *restrict x, int64_t M, int64_t 
             /* int32 -> int8; the packs interleave 128-bit lanes, the permutation restores the order */
             const __m256i p16 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
             _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p16, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-            __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
-            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
-            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
-            const int32_t sum = _mm_cvtsi128_si32(t4);
+            const int32_t sum = ls_sum32_epi32(iv);
 #else
             float amax = 0.0f;
             for (int i = 0; i < 32; i++) { float v = fabsf(xb[i]); amax = v > amax ? v : amax; }
@@ -381,26 +392,15 @@ static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_
             const float *xb = x + m * K + 32 * b;
             int16_t *qb = q + m * K + 32 * b;
 #if defined(__AVX2__) && !defined(LS_PORTABLE)
-            const __m256 sign = _mm256_set1_ps(-0.0f);
             __m256 v[4];
-            for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(xb + 8 * i);
-            const __m256 a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-            __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-            const float amax = _mm_cvtss_f32(h);
+            const float amax = ls_load_absmax32(xb, v);
             const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
             __m256i iv[4];
             for (int i = 0; i < 4; i++) iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
             /* int32 -> int16 (saturating); the packs interleave 128-bit lanes, the permutation restores the order */
             _mm256_storeu_si256((__m256i *)qb, _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xd8));
             _mm256_storeu_si256((__m256i *)(qb + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xd8));
-            __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
-            __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
-            t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
-            const int32_t sum = _mm_cvtsi128_si32(t4);
+            const int32_t sum = ls_sum32_epi32(iv);
 #else
             float amax = 0.0f;
             for (int i = 0; i < 32; i++) { float v = fabsf(xb[i]); amax = v > amax ? v : amax; }
