@@ -608,6 +608,22 @@ def test_scatter_stored_as_a_reshaped_output() -> None:
     np.testing.assert_array_equal(c[0].reshape(3, 2), [[20, 21], [2, 3], [10, 11]])
 
 
+def test_an_input_and_its_reshaped_copy_are_separate_outputs() -> None:
+    """An input returned as is needs a copy, and that copy (hash-consed) is the same node as an explicit
+    ``contiguous()`` the graph returns under another shape: each output keeps its own shape, in either
+    order (found by the random-graph test)."""
+    for order in (1, -1):
+        g = ls.Graph()
+        a = g.input("a", (), ls.float32)
+        b = g.input("b", (2, 3), ls.float32)
+        outs = [a, a.contiguous().unsqueeze(0), b, b.contiguous().reshape((3, 2))][::order]
+        inputs = dict(a=np.array(3.0, F32), b=np.arange(6, dtype=F32).reshape(2, 3))
+        c, r = both(g, outs, **inputs)
+        assert [x.shape for x in c] == [x.shape for x in r]
+        for got, want in zip(c, r):
+            np.testing.assert_array_equal(got, want)
+
+
 def test_constant_and_iota_outputs() -> None:
     n = ls.dim("n", 1, 9)
     g = ls.Graph()

@@ -88,16 +88,20 @@ class Former:
         # an output that is a plain reshape of a computed node is that node's buffer under another shape,
         # so other kernels read the stored values instead of recomputing them (e.g. new KV-cache rows)
         self.output_shapes: dict[int, tuple] = {}
+
+        def claim(n: Node, shape) -> bool:  # n's buffer holds this output's shape (first claim wins)
+            return _same_shape(self.output_shapes.setdefault(n.id, shape), shape)
+
         for node, st in program.outputs:
-            stored = node.op not in (Op.INPUT, Op.CONST, Op.IOTA) and st.is_contiguous
-            if stored and _same_shape(st.shape, node.shape):
-                stored = _same_shape(self.output_shapes.setdefault(node.id, node.shape), node.shape)
-            elif stored and sym.same(sym.prod(st.shape), sym.prod(node.shape)):
-                stored = _same_shape(self.output_shapes.setdefault(node.id, st.shape), st.shape)
-            else:
-                stored = False
+            stored = node.op not in (Op.INPUT, Op.CONST, Op.IOTA) and st.is_contiguous \
+                and sym.same(sym.prod(st.shape), sym.prod(node.shape)) and claim(node, st.shape)
             if not stored:
                 node = self.graph.node(Op.CONTIGUOUS, [(node, st)], None, node.dtype, st.shape)
+                # the copy is hash-consed: it can be a node another output already stores under another
+                # shape (x and x.contiguous().unsqueeze(0)); then copy once more
+                while not claim(node, st.shape):
+                    node = self.graph.node(Op.CONTIGUOUS, [(node, ShapeTracker.contiguous(node.shape))], None,
+                                           node.dtype, node.shape)
             self.outputs.append(node)
         seen: set[int] = set()
         order: list[Node] = []
