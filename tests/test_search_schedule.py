@@ -99,6 +99,28 @@ def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
     assert time.perf_counter() - t0 < 5.0  # the reference run and the first compile may overrun a little
 
 
+def test_the_cache_keeps_what_the_whole_program_check_decided(monkeypatch):
+    """A kernel's knobs that win alone but lose in the whole-program check are not used, and the tuning
+    cache then says "heuristics" for that kernel too: a cached search answers what the search chose."""
+    g, outs = matmul_softmax()
+    program = Program.build(g, outs)
+    plan = form_kernels(program)
+    monkeypatch.setattr(K, "configurations", lambda level: [{}, {"TILE": 8, "ROW_BLOCK": 6}])
+    real_time, runs = S.PlanRunner.time, []
+
+    def time_default_slower(self, *a, **kw):  # the first runner timed is the heuristics' build
+        total, per = real_time(self, *a, **kw)
+        runs.append(1)
+        scale = 3.0 if len(runs) == 1 else 1.0
+        return total * scale, [p * scale for p in per]
+    monkeypatch.setattr(S.PlanRunner, "time", time_default_slower)
+    monkeypatch.setattr(S, "compare", lambda tuned, default: (2.0, 1.0))  # the whole program: slower
+    res = S.tune_schedule(program, plan, level=1, budget_s=60, progress=False)
+    assert res.tried == 2 and res.rejected == 0 and res.choice == {}, res
+    again = S.tune_schedule(program, plan, level=1, budget_s=60, progress=False)
+    assert again.stopped_by == "cached" and again.from_cache > 0 and again.choice == {}
+
+
 def test_compile_with_search_option(monkeypatch):
     """The public API: ``g.compile(..., backend="c", search=1, search_budget_s=...)``, with symbolic dims
     tuned at given values; the result agrees with the reference at other values too."""

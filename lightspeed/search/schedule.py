@@ -184,6 +184,7 @@ def tune_schedule(program: Program, plan: KernelPlan, level: int = 1, budget_s: 
     index = {k.name: i for i, k in enumerate(plan.kernels)}
     default_times = times[0][1]
     choice = dict(res.choice)
+    measured: dict[str, tuple[float, float]] = {}
     for k in todo:
         i = index[k.name]
         cfg, per = min(((c, p[i]) for c, p, _ in times), key=lambda cp: cp[1])
@@ -192,13 +193,18 @@ def tune_schedule(program: Program, plan: KernelPlan, level: int = 1, budget_s: 
             knobs = {}  # not clearly better than the heuristics
         if knobs:
             choice[k.name] = knobs
-        if use_cache:
-            tuning_cache.store(keys[k.name], {"knobs": knobs, "seconds": per, "default_seconds": default_times[i],
-                                              "env": env})
+        measured[k.name] = (per, default_times[i])
     res.choice = choice
     res.default_seconds = times[0][2]
     res.tuned_seconds = _confirm(program, plan, res, inputs, env, expected, dtypes, flags, cc, deadline,
                                  slowest_compile)
+    if use_cache and res.stopped_by != "budget":
+        # stored after the confirmation, so the cache answers what this search finally chose (a choice
+        # the whole-program check dropped is cached as "keep the heuristics")
+        for k in todo:
+            per, default = measured[k.name]
+            tuning_cache.store(keys[k.name], {"knobs": res.choice.get(k.name, {}), "seconds": per,
+                                              "default_seconds": default, "env": env})
     res.seconds = time.perf_counter() - t0
     return res
 
