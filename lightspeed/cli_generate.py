@@ -15,6 +15,7 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
                    help="requantize the GGUF model's matrices to this type in memory at load")
     p.add_argument("--threads", type=int, default=None, help="threads running each step (default: one per core)")
     add_activations_argument(p)
+    add_kv_cache_argument(p)
 
 
 def add_activations_argument(p: argparse.ArgumentParser) -> None:
@@ -31,6 +32,21 @@ def add_activations_argument(p: argparse.ArgumentParser) -> None:
 def activation_options(activations: str) -> dict:
     """The compile options of an ``--activations`` value (none for the default)."""
     return {} if activations == "float" else {"activations": activations}
+
+
+KV_CACHE_TYPES = {"f32": "float32", "f16": "float16"}  # --kv-cache value -> the model's kv_dtype
+
+
+def add_kv_cache_argument(p: argparse.ArgumentParser) -> None:
+    """``--kv-cache {f32,f16}`` for generate, chat, bench and serve."""
+    p.add_argument("--kv-cache", default="f32", choices=list(KV_CACHE_TYPES),
+                   help="the KV cache's element type: f32 (default) or f16 (half the memory and the bytes "
+                        "attention reads per token; keys and values are rounded to float16 when stored)")
+
+
+def kv_cache_options(kv_cache: str) -> dict:
+    """The compile options of a ``--kv-cache`` value (none for the default)."""
+    return {} if kv_cache == "f32" else {"kv_dtype": KV_CACHE_TYPES[kv_cache]}
 
 
 def _sampling_arguments(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -56,7 +72,7 @@ def _load(args: argparse.Namespace):
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         from .backend.c import set_num_threads
         set_num_threads(args.threads)
-    options = activation_options(args.activations)
+    options = {**activation_options(args.activations), **kv_cache_options(args.kv_cache)}
     return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant, **options)
 
 

@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from ..cli_generate import add_activations_argument
+from ..cli_generate import add_activations_argument, add_kv_cache_argument
 from ..requant import TARGETS
 
 
@@ -14,7 +14,8 @@ def _bench(args: argparse.Namespace) -> int:
     from . import BenchOptions, format_text, plot, run_bench
     opts = BenchOptions(model=args.model, threads=args.threads, prompt_tokens=args.prompt_tokens,
                         decode_tokens=args.decode_tokens, runs=args.runs, quant=args.quant, peers=args.peers,
-                        probe_reps=args.probe_reps, seed=args.seed, activations=args.activations)
+                        probe_reps=args.probe_reps, seed=args.seed, activations=args.activations,
+                        kv_cache=args.kv_cache)
     if args.plot:  # fail before the long part when matplotlib is missing
         try:
             import matplotlib  # noqa: F401
@@ -46,6 +47,7 @@ def add_bench(sub) -> None:
     p.add_argument("--quant", default=None, type=str.lower, choices=list(TARGETS),
                    help="requantize the matrices to this type in memory at load (peers get a file made the same way)")
     add_activations_argument(p)
+    add_kv_cache_argument(p)
     p.add_argument("--peers", action="store_true",
                    help="also time llama.cpp (llama-cpp-python) and PyTorch eager (transformers), when installed")
     p.add_argument("--json", action="store_true", help="print one JSON object")

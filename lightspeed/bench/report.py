@@ -15,6 +15,8 @@ def format_text(r: dict[str, Any]) -> str:
     how = f"requantized to {r['quant']} in memory" if r["requantized_in_memory"] else r["quant"]
     if r.get("activations") in ("int16", "int8"):
         how += f", {r['activations']} activations"
+    if r.get("kv_cache") == "f16":
+        how += ", f16 KV cache"
     lines = [
         f"model    {os.path.basename(r['model'])} ({how}; {_mb(r['weight_bytes_per_token'])} of weights read "
         f"per token)",

@@ -42,6 +42,7 @@ class BenchOptions:
     probe_reps: int = 5
     seed: int = 0
     activations: str = "float"      # Lightspeed's quantized matmuls: float, int16 or int8 (llama.cpp-style)
+    kv_cache: str = "f32"           # Lightspeed's KV cache element type: f32 or f16
     peer_names: tuple[str, ...] = PEERS
 
 
@@ -111,7 +112,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
     """Run the benchmark; returns the report as a JSON-ready dict (see ``lightspeed bench --json``)."""
     from ..api import default_model_path
     from ..backend.c import set_num_threads
-    from ..cli_generate import activation_options
+    from ..cli_generate import activation_options, kv_cache_options
     from ..models import load_model
     from ..requant import parse_target, quantize_gguf, requantize_model
 
@@ -144,7 +145,7 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
         max_chunk = min(opts.prompt_tokens, 512)
         log(f"compiling (cold cache: {scratch}/cache)")
         cache = os.path.join(scratch, "cache")
-        options = activation_options(opts.activations)
+        options = {**activation_options(opts.activations), **kv_cache_options(opts.kv_cache)}
         step, cold_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
         del step
         step, warm_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
@@ -210,6 +211,7 @@ def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, war
         "quant": target.name if target is not None else main_type(tensors),
         "requantized_in_memory": target is not None,
         "activations": opts.activations,
+        "kv_cache": opts.kv_cache,
         "weight_bytes_by_type": by_type,
         "threads": threads,
         "prompt_tokens": opts.prompt_tokens,

@@ -32,6 +32,7 @@ methods above, and register it in ``lightspeed.models.ARCHITECTURES``.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from .weights import WeightStore
 
 KV_UPDATES = ("rows", "scatter")
+# the element types a KV cache may be stored in: float16 halves the bytes attention reads per token and
+# the caches' memory; the values are rounded once, when their rows are appended
+KV_DTYPES = {"float32": dt.float32, "float16": dt.float16}
 DEFAULT_MAX_CHUNK = 128  # prompt tokens per prefill call: bounds the activation memory, not the prompt
 
 
@@ -74,10 +78,28 @@ class CacheSpec:
     dtype: dt.DType = dt.float32
 
 
+def kv_dtype_of(kv_dtype: "str | dt.DType") -> dt.DType:
+    """The cache element type named by ``kv_dtype`` ("float32" or "float16")."""
+    if isinstance(kv_dtype, dt.DType) and kv_dtype in KV_DTYPES.values():
+        return kv_dtype
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {tuple(KV_DTYPES)}, got {kv_dtype!r}")
+    return KV_DTYPES[kv_dtype]
+
+
+def with_kv_dtype(specs: list[CacheSpec], kv_dtype: "str | dt.DType") -> list[CacheSpec]:
+    """``specs`` stored as ``kv_dtype`` (see ``KV_DTYPES``)."""
+    d = kv_dtype_of(kv_dtype)
+    return [dataclasses.replace(s, dtype=d) for s in specs]
+
+
 class KVAppend:
     """The caches as a forward pass sees them: ``append(name, rows)`` adds ``rows [seq, ...]`` at
     positions ``pos ..`` and returns all rows ``[total, ...]`` (cached, then new) to attend over.
-    It records the graph outputs that carry the update (see ``kv_update`` in the module docstring)."""
+    It records the graph outputs that carry the update (see ``kv_update`` in the module docstring).
+    A cache stored in another type than the rows (float16) gets the rows cast to its type, and attention
+    reads every row, new ones included, through a cast back: a row attends the same values whether it
+    was appended in this call or read from the cache later."""
 
     def __init__(self, g: Graph, specs: list[CacheSpec], seq: sint, pos: sint, mode: str = "rows"):
         if mode not in KV_UPDATES:
@@ -100,13 +122,16 @@ class KVAppend:
         if name in self.outputs:
             raise ValueError(f"cache {name!r} was appended to twice in one forward pass")
         rest = [None] * (cache.ndim - 1)
+        compute = rows.dtype
         rows = rows.cast(cache.dtype)
         if self.mode == "scatter":
             updated = cache.scatter(self.positions, rows)
             self.outputs[name] = updated
-            return updated.shrink([(0, self.total)] + rest)
+            return updated.shrink([(0, self.total)] + rest).cast(compute)
         self.outputs[name] = rows
-        return concatenate([cache.shrink([(0, self.pos)] + rest), rows], 0)
+        # each part is cast on its own, so the attention kernel can read both (cached and new rows)
+        # where they are stored and widen them as it loads
+        return concatenate([cache.shrink([(0, self.pos)] + rest).cast(compute), rows.cast(compute)], 0)
 
 
 class CausalLM(ABC):
@@ -134,10 +159,12 @@ class CausalLM(ABC):
         return min(self.config.context_length, 2048)
 
     def build(self, ctx: int, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
-              kv_update: str = "rows") -> tuple[Graph, list[Tensor], list[CacheSpec]]:
+              kv_update: str = "rows", kv_dtype: "str | dt.DType" = "float32",
+              ) -> tuple[Graph, list[Tensor], list[CacheSpec]]:
         """The step graph: inputs ``tokens [seq]`` (int32) and the caches; dims ``seq`` and ``pos``;
         outputs ``[logits, *cache updates]``. ``last_only`` keeps only the last position's logits
-        (``[1, vocab]``), which is all generation needs, instead of ``[seq, vocab]``."""
+        (``[1, vocab]``), which is all generation needs, instead of ``[seq, vocab]``. ``kv_dtype``
+        ("float32" or "float16") is the caches' element type."""
         if ctx < 1 or max_chunk < 1:
             raise ValueError(f"build: ctx ({ctx}) and max_chunk ({max_chunk}) must be positive")
         max_chunk = min(max_chunk, ctx)
@@ -145,7 +172,7 @@ class CausalLM(ABC):
         seq = sym.dim("seq", 1, max_chunk)
         pos = sym.dim("pos", 0, ctx - 1)
         tokens = g.input("tokens", (seq,), dt.int32)
-        specs = self.cache_specs(ctx)
+        specs = with_kv_dtype(self.cache_specs(ctx), kv_dtype)
         kv = KVAppend(g, specs, seq, pos, kv_update)
         hidden = self.forward(g, tokens, kv)
         if last_only:
@@ -160,11 +187,12 @@ class CausalLM(ABC):
         return g, [logits] + [kv.outputs[s.name] for s in specs], specs
 
     def compile(self, ctx: int | None = None, *, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
-                kv_update: str = "rows", backend: str = "c", **options) -> "CompiledLM":
+                kv_update: str = "rows", kv_dtype: "str | dt.DType" = "float32", backend: str = "c",
+                **options) -> "CompiledLM":
         """Build and compile the step program (see ``build``) for ``backend``."""
         ctx = self.default_context() if ctx is None else int(ctx)
         t0 = time.perf_counter()
-        g, outputs, specs = self.build(ctx, max_chunk, last_only, kv_update)
+        g, outputs, specs = self.build(ctx, max_chunk, last_only, kv_update, kv_dtype)
         t1 = time.perf_counter()
         # scatter mode donates the caches: a backend that can writes the new rows in place
         donate = [s.name for s in specs] if kv_update == "scatter" else []
@@ -184,6 +212,11 @@ class CompiledLM:
         self.ctx, self.max_chunk, self.last_only, self.vocab_size = ctx, max_chunk, last_only, vocab_size
         self.kv_update = kv_update
         self.build_seconds, self.compile_seconds = build_seconds, compile_seconds
+
+    @property
+    def kv_dtype(self) -> str:
+        """The caches' element type ("float32" or "float16")."""
+        return self.cache_specs[0].dtype.name if self.cache_specs else "float32"
 
     def new_caches(self) -> dict[str, np.ndarray]:
         """Zeroed cache arrays (zero pages: memory is only touched as the cache fills)."""

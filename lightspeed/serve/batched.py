@@ -41,7 +41,7 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
-from ..models.base import CausalLM
+from ..models.base import CausalLM, with_kv_dtype
 from ..models.llama import Llama
 from ..tensor import Tensor
 
@@ -54,11 +54,11 @@ class BatchedKV:
     rows ``0 .. keys-1``); ``visible [B, keys]`` masks the keys past each row's position."""
 
     def __init__(self, g: Graph, names: list[str], row_shape: tuple[int, ...], ctx: int, max_batch: int,
-                 batch: sym.Var, keys: sym.Var, positions: Tensor):
+                 batch: sym.Var, keys: sym.Var, positions: Tensor, kv_dtype: dt.DType = dt.float32):
         self.g, self.ctx, self.max_batch, self.batch, self.keys = g, ctx, max_batch, batch, keys
         self.row_shape = row_shape
         self.positions = positions
-        self.inputs = {n: g.input(n, (max_batch * ctx,) + row_shape, dt.float32) for n in names}
+        self.inputs = {n: g.input(n, (max_batch * ctx,) + row_shape, kv_dtype) for n in names}
         self.outputs: dict[str, Tensor] = {}
         self.rows = g.iota(batch) * ctx + positions                              # [B] flat cache rows
         self.visible = g.iota(keys).reshape((1, keys)) <= positions.reshape((batch, 1))  # [B, keys]
@@ -66,11 +66,13 @@ class BatchedKV:
     def append(self, name: str, rows: Tensor) -> Tensor:
         if name in self.outputs:
             raise ValueError(f"cache {name!r} was appended to twice in one forward pass")
-        updated = self.inputs[name].scatter(self.rows, rows.cast(dt.float32))
+        cache = self.inputs[name]
+        updated = cache.scatter(self.rows, rows.cast(cache.dtype))
         self.outputs[name] = updated
         per_slot = updated.reshape((self.max_batch, self.ctx) + self.row_shape)
         rest = [None] * len(self.row_shape)
-        return per_slot.shrink([(0, self.batch), (0, self.keys)] + rest)
+        # a float16 cache is read through a cast back to float32, as in KVAppend
+        return per_slot.shrink([(0, self.batch), (0, self.keys)] + rest).cast(dt.float32)
 
 
 # the Llama family's batched forward -------------------------------------------------------------------
@@ -118,15 +120,17 @@ def supports(lm: CausalLM) -> bool:
     return type(lm) in BATCHED_FORWARDS
 
 
-def build_batched(lm: CausalLM, ctx: int, max_batch: int) -> tuple[Graph, list[Tensor], list[str]]:
-    """The batched step graph: outputs ``[logits [B, vocab], *updated caches]``; the cache names."""
+def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = "float32",
+                  ) -> tuple[Graph, list[Tensor], list[str]]:
+    """The batched step graph: outputs ``[logits [B, vocab], *updated caches]``; the cache names.
+    ``kv_dtype`` ("float32" or "float16") is the caches' element type."""
     forward = BATCHED_FORWARDS.get(type(lm))
     if forward is None:
         raise ValueError(f"no batched decode step for {type(lm).__name__} models (supported: "
                          f"{', '.join(t.__name__ for t in BATCHED_FORWARDS)})")
     if ctx < 1 or max_batch < 1:
         raise ValueError(f"build_batched: ctx ({ctx}) and max_batch ({max_batch}) must be positive")
-    specs = lm.cache_specs(ctx)
+    specs = with_kv_dtype(lm.cache_specs(ctx), kv_dtype)
     row_shape = tuple(specs[0].shape[1:])
     if any(tuple(s.shape[1:]) != row_shape or s.shape[0] != ctx for s in specs):
         raise ValueError("build_batched: every cache must have the same row shape and ctx rows")
@@ -136,7 +140,7 @@ def build_batched(lm: CausalLM, ctx: int, max_batch: int) -> tuple[Graph, list[T
     tokens = g.input("tokens", (batch,), dt.int32)
     positions = g.input("positions", (batch,), dt.int32)
     names = [s.name for s in specs]
-    kv = BatchedKV(g, names, row_shape, ctx, max_batch, batch, keys, positions)
+    kv = BatchedKV(g, names, row_shape, ctx, max_batch, batch, keys, positions, specs[0].dtype)
     hidden = forward(lm, g, tokens, kv)
     logits = lm.lm_head(g, hidden)
     return g, [logits] + [kv.outputs[n] for n in names], names
@@ -145,17 +149,18 @@ def build_batched(lm: CausalLM, ctx: int, max_batch: int) -> tuple[Graph, list[T
 class BatchedStep:
     """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each)."""
 
-    def __init__(self, lm: CausalLM, ctx: int, max_batch: int, backend: str = "c", **options):
+    def __init__(self, lm: CausalLM, ctx: int, max_batch: int, backend: str = "c", kv_dtype: str = "float32",
+                 **options):
         t0 = time.perf_counter()
-        g, outputs, names = build_batched(lm, ctx, max_batch)
+        g, outputs, names = build_batched(lm, ctx, max_batch, kv_dtype)
         t1 = time.perf_counter()
         self.program = g.compile(outputs, backend=backend, donate=names, **options)
         self.build_seconds, self.compile_seconds = t1 - t0, time.perf_counter() - t1
         self.ctx, self.max_batch, self.names = ctx, max_batch, names
         self.vocab_size = lm.config.vocab_size
-        shape = tuple(g.inputs[names[0]].shape)
+        first = g.inputs[names[0]]
         # zero pages: memory is only touched as slots fill
-        self.caches = {n: np.zeros(shape, dtype=np.float32) for n in names}
+        self.caches = {n: np.zeros(tuple(first.shape), dtype=first.dtype.np) for n in names}
 
     def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
         """Views ``[ctx, ...]`` of slot ``slot`` in every cache (the layout the single-sequence

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_generate import add_activations_argument
+from ..cli_generate import add_activations_argument, add_kv_cache_argument
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -21,7 +21,8 @@ def _serve(args: argparse.Namespace) -> int:
                         context=args.context, api_key=args.api_key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
                         shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend,
-                        threads=args.threads, activations=args.activations)
+                        threads=args.threads, activations=args.activations,
+                        kv_cache=args.kv_cache)
     try:
         return serve(opts)
     except (FileNotFoundError, ModelFormatError, ValueError, OSError) as e:
@@ -60,6 +61,7 @@ def add_serve(sub) -> None:
                    help="uvicorn's log level (warning)")
     p.add_argument("--backend", default="c", help="compiler backend (default: c)")
     add_activations_argument(p)
+    add_kv_cache_argument(p)
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     p.set_defaults(handler=_serve)

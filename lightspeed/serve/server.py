@@ -34,6 +34,7 @@ class ServeOptions:
     backend: str = "c"
     threads: int | None = None           # threads of the C backend's pool (None: one per core)
     activations: str = "float"           # quantized matmuls' activations: float, int16 or int8 (faster, not bit-exact)
+    kv_cache: str = "f32"                # the KV caches' element type: f32 or f16 (half the memory)
 
 
 def model_name(path: str) -> str:
@@ -53,7 +54,7 @@ def _log(message: str) -> None:
 def build_state(opts: ServeOptions):
     """Load and compile everything; returns the ``ServerState`` (its engine started)."""
     from ..api import load
-    from ..cli_generate import activation_options
+    from ..cli_generate import activation_options, kv_cache_options
     from .app import ServerState
     from .batched import BatchedStep, supports
     if opts.max_batch < 1:
@@ -63,11 +64,14 @@ def build_state(opts: ServeOptions):
         set_num_threads(opts.threads)
     t0 = time.perf_counter()
     options = activation_options(opts.activations)
-    model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options)
+    model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options,
+                 **kv_cache_options(opts.kv_cache))
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
     if supports(model.lm):
         t0 = time.perf_counter()
-        stepper = BatchedStep(model.lm, model.step.ctx, opts.max_batch, backend=opts.backend, **options)
+        # the batched step shares the caches with the single-sequence program (prefill): the same type
+        stepper = BatchedStep(model.lm, model.step.ctx, opts.max_batch, backend=opts.backend,
+                              kv_dtype=model.step.kv_dtype, **options)
         _log(f"compiled the batched step (up to {opts.max_batch} sequences) in {time.perf_counter() - t0:.1f} s")
     else:
         stepper = SequentialStepper(model.step, opts.max_batch)

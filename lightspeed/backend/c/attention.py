@@ -150,7 +150,9 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
     if _lanes_fit(t, prod, KB):  # the few-rows path: staged key rows and query rows
         lines += [f"        float kb[{KB}][{prod.depth}], qs[FEW_ROWS][{prod.depth}];",
                   f"        const float *kp[{KB}], *vp[{KB}];",
-                  f"        static const float ls_zero_row[{max(prod.depth, EV)}];"]
+                  f"        const _Float16 *kph[{KB}], *vph[{KB}];  /* float16 rows read in place */",
+                  f"        static const float ls_zero_row[{max(prod.depth, EV)}];",
+                  f"        static const _Float16 ls_zero_row_h[{max(prod.depth, EV)}];"]
         r.rename[t.i] = "(i0 + rr)"
         r.rename[prod.red.var] = "d"
         lines += ["        if (nr < FEW_ROWS) {",
@@ -321,89 +323,145 @@ def _lanes_fit(t: AttentionKernel, prod: _Product | None, KB: int) -> bool:
     return prod is not None and prod.depth % LANES == 0 and t.width % LANES == 0 and KB % LANES == 0
 
 
-def _row_sources(x: ir.IR, var: sym.Var) -> list[tuple[sym.sint | None, ir.Load]] | None:
-    """``x`` (a key or value element, ``var`` its position in the row) as a sum of float32 loads that
-    are contiguous along ``var``, each under an optional condition independent of ``var``; else None."""
-    if isinstance(x, ir.Load):
-        ok = x.dtype is dt.float32 and x.buf.dtype is dt.float32 and _coef(x.offset, var) == 1
-        return [(None, x)] if ok else None
+def _row_source(x: ir.IR, var: sym.Var) -> tuple[ir.Load, bool] | None:
+    """(the load, whether it is float16) when ``x`` is a float32 element read straight from a buffer
+    that is contiguous along ``var``: a float32 load, or a float16 load widened to float32 (exact)."""
+    half = isinstance(x, ir.Cast) and x.dtype is dt.float32 and isinstance(x.arg, ir.Load)
+    load = x.arg if half else x
+    if not isinstance(load, ir.Load) or _coef(load.offset, var) != 1:
+        return None
+    want = dt.float16 if half else dt.float32
+    if load.buf.dtype is not want or (not half and load.dtype is not dt.float32):
+        return None
+    return load, half
+
+
+def _row_sources(x: ir.IR, var: sym.Var) -> list[tuple[sym.sint | None, ir.Load, bool]] | None:
+    """``x`` (a key or value element, ``var`` its position in the row) as a sum of loads that are
+    contiguous along ``var`` (see ``_row_source``), each under an optional condition independent of
+    ``var``; else None."""
+    one = _row_source(x, var)
+    if one is not None:
+        return [(None, *one)]
     if isinstance(x, ir.Select) and var not in sym.free_vars(x.valid):
         inner = _row_sources(x.value, var)
-        return [(x.valid, inner[0][1])] if inner is not None and len(inner) == 1 and inner[0][0] is None else None
+        return [(x.valid, *inner[0][1:])] if inner is not None and len(inner) == 1 and inner[0][0] is None else None
     if isinstance(x, ir.Alu) and x.op is Op.ADD:
         parts = [_row_sources(y, var) for y in x.args]
         return None if any(p_ is None for p_ in parts) else [z for p_ in parts for z in p_]
     return None
 
 
-def _row_pointers(r, x: ir.IR, var: sym.Var, size: int, ptrs: str, stage: str, L: int) -> list[str]:
-    """Fill ``ptrs[jj]`` with the address of key/value row jj of the block (``size`` floats). A row that
-    is one contiguous source (e.g. a cached row or a new row of a concatenation) is read where it is;
-    any other row is evaluated into ``stage[jj]``. Rows past jn up to a whole vector of keys are zeros."""
+def _row_kind(x: ir.IR, var: sym.Var) -> str:
+    """How the few-rows path reads key/value rows ``x``: "half" (every source is float16, widened as it
+    is loaded), "float" (every source is float32) or "staged" (evaluated into float rows first)."""
     sources = _row_sources(x, var)
-    lines = ["                for (int64_t jj = 0; jj < jn; jj++) {"]
-    if sources is not None:
-        lines += ["                    const float *src = ls_zero_row; int nsrc = 0;"]
-        saved = r.rename.get(var)
-        r.rename[var] = "0"  # the row's address: its element 0
-        try:
-            for valid, load in sources:
-                take = f"src = &{r.buf(load.buf)}[{r.idx(load.offset)}]; nsrc++;"
-                lines.append(f"                    {take}" if valid is None else
-                             f"                    if ({r.idx(valid)}) {{ {take} }}")
-        finally:
-            if saved is None:
-                r.rename.pop(var, None)
-            else:
-                r.rename[var] = saved
-        lines += ["                    if (nsrc > 1) {  /* overlapping sources: their sum, evaluated */",
-                  "                        _Pragma(\"omp simd\")",
-                  f"                        for (int64_t {r.var(var)} = 0; {r.var(var)} < {size}; {r.var(var)}++) "
-                  f"{stage}[jj][{r.var(var)}] = {r.expr(x)};",
-                  f"                        src = {stage}[jj];",
-                  "                    }",
-                  f"                    {ptrs}[jj] = src;"]
-    else:
-        lines += ["                    _Pragma(\"omp simd\")",
-                  f"                    for (int64_t {r.var(var)} = 0; {r.var(var)} < {size}; {r.var(var)}++) "
-                  f"{stage}[jj][{r.var(var)}] = {r.expr(x)};",
-                  f"                    {ptrs}[jj] = {stage}[jj];"]
-    return lines + ["                }",
-                    f"                for (int64_t jj = jn; jj < ((jn + {L - 1}) / {L}) * {L}; jj++) {ptrs}[jj] = ls_zero_row;"]
+    if not sources:
+        return "staged"
+    kinds = {half for _, _, half in sources}
+    return "staged" if len(kinds) > 1 else "half" if kinds == {True} else "float"
+
+
+def _staged_rows(r, x: ir.IR, var: sym.Var, size: int, ptrs: str, stage: str, pad: str) -> list[str]:
+    """Every row jj < jn of the block evaluated into ``stage[jj]`` (floats), pointed to by ``ptrs``."""
+    v = r.var(var)
+    return [f"{pad}for (int64_t jj = 0; jj < jn; jj++) {{",
+            f"{pad}    _Pragma(\"omp simd\")",
+            f"{pad}    for (int64_t {v} = 0; {v} < {size}; {v}++) {stage}[jj][{v}] = {r.expr(x)};",
+            f"{pad}    {ptrs}[jj] = {stage}[jj];",
+            f"{pad}}}"]
+
+
+def _pad(ptrs: str, zero: str, L: int) -> str:
+    """Rows past jn up to a whole vector of keys read zeros."""
+    return f"                for (int64_t jj = jn; jj < ((jn + {L - 1}) / {L}) * {L}; jj++) {ptrs}[jj] = {zero};"
+
+
+def _row_pointers(r, x: ir.IR, var: sym.Var, size: int, ptrs: str, stage: str, L: int, body) -> list[str]:
+    """Point ``ptrs[jj]`` at key/value row jj of the block (``size`` elements), then ``body(ptrs, load)``:
+    the lines that read the rows with ``load`` (ls_load8 for float rows, ls_load8h for float16 rows).
+    A row that is one contiguous source (e.g. a cached row or a new row of a concatenation) is read where
+    it is; float16 rows stay float16 (half the bytes) and are widened as they are loaded. Any other row
+    is evaluated into ``stage[jj]`` as floats; where the sources overlap (more than one valid for a
+    float16 row) the whole block is."""
+    kind = _row_kind(x, var)
+    if kind == "staged":
+        return (_staged_rows(r, x, var, size, ptrs, stage, " " * 16) + [_pad(ptrs, "ls_zero_row", L)]
+                + body(ptrs, "ls_load8"))
+    half = kind == "half"
+    hp = f"{ptrs}h" if half else ptrs
+    ctype, zero = ("_Float16", "ls_zero_row_h") if half else ("float", "ls_zero_row")
+    lines = ([f"                int {ptrs}_staged = 0;"] if half else []) + [
+        "                for (int64_t jj = 0; jj < jn; jj++) {",
+        f"                    const {ctype} *src = {zero}; int nsrc = 0;"]
+    saved = r.rename.get(var)
+    r.rename[var] = "0"  # the row's address: its element 0
+    try:
+        for valid, load, _ in _row_sources(x, var):
+            take = f"src = &{r.buf(load.buf)}[{r.idx(load.offset)}]; nsrc++;"
+            lines.append(f"                    {take}" if valid is None else
+                         f"                    if ({r.idx(valid)}) {{ {take} }}")
+    finally:
+        if saved is None:
+            r.rename.pop(var, None)
+        else:
+            r.rename[var] = saved
+    if half:
+        lines += [f"                    {ptrs}_staged |= nsrc > 1;", f"                    {hp}[jj] = src;",
+                  "                }", _pad(hp, zero, L),
+                  f"                if (!{ptrs}_staged) {{"]
+        lines += ["    " + ln for ln in body(hp, "ls_load8h")]
+        lines += ["                } else {  /* overlapping sources: the block's rows evaluated as floats */"]
+        lines += _staged_rows(r, x, var, size, ptrs, stage, " " * 20) + ["    " + _pad(ptrs, "ls_zero_row", L)]
+        lines += ["    " + ln for ln in body(ptrs, "ls_load8")] + ["                }"]
+        return lines
+    return lines + [
+        "                    if (nsrc > 1) {  /* overlapping sources: their sum, evaluated */",
+        "                        _Pragma(\"omp simd\")",
+        f"                        for (int64_t {r.var(var)} = 0; {r.var(var)} < {size}; {r.var(var)}++) "
+        f"{stage}[jj][{r.var(var)}] = {r.expr(x)};",
+        f"                        src = {stage}[jj];",
+        "                    }",
+        f"                    {ptrs}[jj] = src;",
+        "                }", _pad(ptrs, zero, L)] + body(ptrs, "ls_load8")
 
 
 def _few_rows_scores(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str]:
     """s[rr][jj] for few query rows: LANES keys at a time get LANES independent vector dot products,
     summed across lanes together (ls_sum8x8). Key rows are read in place when they can be."""
     D, L = prod.depth, LANES
-    return _row_pointers(r, prod.k, prod.red.var, D, "kp", "kb", L) + [
-            "                for (int64_t rr = 0; rr < nr; rr++) {",
-            f"                    for (int64_t jj = 0; jj < jn; jj += {L}) {{",
-            f"                        ls_v8 dots[{L}] = {{{{0}}}};",
-            f"                        for (int64_t c = 0; c < {D // L}; c++) {{",
-            f"                            const ls_v8 qc = ls_load8(&qs[rr][{L} * c]);",
-            f"                            for (int u = 0; u < {L}; u++) dots[u] += qc * ls_load8(kp[jj + u] + {L} * c);",
-            "                        }",
-            "                        const ls_v8 sums = ls_sum8x8(dots);",
-            "                        memcpy(&s[rr][jj], &sums, sizeof sums);",
-            "                    }",
-            "                }"]
+
+    def body(ptrs: str, load: str) -> list[str]:
+        return ["                for (int64_t rr = 0; rr < nr; rr++) {",
+                f"                    for (int64_t jj = 0; jj < jn; jj += {L}) {{",
+                f"                        ls_v8 dots[{L}] = {{{{0}}}};",
+                f"                        for (int64_t c = 0; c < {D // L}; c++) {{",
+                f"                            const ls_v8 qc = ls_load8(&qs[rr][{L} * c]);",
+                f"                            for (int u = 0; u < {L}; u++) dots[u] += qc * {load}({ptrs}[jj + u] + {L} * c);",
+                "                        }",
+                "                        const ls_v8 sums = ls_sum8x8(dots);",
+                "                        memcpy(&s[rr][jj], &sums, sizeof sums);",
+                "                    }",
+                "                }"]
+    return _row_pointers(r, prod.k, prod.red.var, D, "kp", "kb", L, body)
 
 
 def _few_rows_values(r, t: AttentionKernel) -> list[str]:
     """acc[rr] += sum_jj ps[rr][jj] * value(j0 + jj) for few query rows; each row's accumulator stays
     in vector registers over the block. Value rows are read in place when they can be."""
     E, L = t.width, LANES
-    return _row_pointers(r, t.value, t.e, E, "vp", "vt", L) + [
-            "                for (int64_t rr = 0; rr < nr; rr++) {",
-            f"                    ls_v8 av[{E // L}];",
-            f"                    for (int c = 0; c < {E // L}; c++) av[c] = ls_load8(&acc[rr][{L} * c]);",
-            "                    for (int64_t jj = 0; jj < jn; jj++) {",
-            "                        const float w = ps[rr][jj];",
-            f"                        for (int c = 0; c < {E // L}; c++) av[c] += w * ls_load8(vp[jj] + {L} * c);",
-            "                    }",
-            "                    memcpy(&acc[rr][0], av, sizeof av);",
-            "                }"]
+
+    def body(ptrs: str, load: str) -> list[str]:
+        return ["                for (int64_t rr = 0; rr < nr; rr++) {",
+                f"                    ls_v8 av[{E // L}];",
+                f"                    for (int c = 0; c < {E // L}; c++) av[c] = ls_load8(&acc[rr][{L} * c]);",
+                "                    for (int64_t jj = 0; jj < jn; jj++) {",
+                "                        const float w = ps[rr][jj];",
+                f"                        for (int c = 0; c < {E // L}; c++) av[c] += w * {load}({ptrs}[jj] + {L} * c);",
+                "                    }",
+                "                    memcpy(&acc[rr][0], av, sizeof av);",
+                "                }"]
+    return _row_pointers(r, t.value, t.e, E, "vp", "vt", L, body)
 
 
 def _value_tile(t: AttentionKernel, vb: int) -> list[str]:

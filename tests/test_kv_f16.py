@@ -1,0 +1,126 @@
+"""A float16 KV cache (``kv_dtype="float16"``, CLI ``--kv-cache f16``) on a tiny random Llama.
+
+New key/value rows are cast to float16 when appended and read back through a cast to float32, so
+the C program must match the reference interpreter on the same graph, and stay close to the
+float32-cache program. The streaming attention kernel must still be the one that runs, reading the
+float16 rows in place (F16C where the target has it, a portable conversion otherwise).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from tiny_gguf import SHAPE, write_tiny_llama
+
+from lightspeed import api, cli
+from lightspeed.backend.c.compiler import default_flags
+from lightspeed.models import load_model
+
+CTX = 24
+TOKENS = [3, 17, 42, 5, 88, 61, 0, 96, 23, 23, 7, 50]
+SPLIT = 5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kvf16") / "tiny.gguf"
+    write_tiny_llama(path, seed=3)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lm(tiny, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ls_cache_kvf16"))
+    yield load_model(tiny)
+    mp.undo()
+
+
+def run_all(step) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Logits of a prefill of TOKENS[:SPLIT], then of one-token decode steps; and the final caches."""
+    logits, caches = step.run(TOKENS[:SPLIT], 0, step.new_caches())
+    out = [logits]
+    for p in range(SPLIT, len(TOKENS)):
+        logits, caches = step.run(TOKENS[p:p + 1], p, caches)
+        out.append(logits)
+    return np.concatenate(out), caches
+
+
+def compile_step(lm, backend="c", kv_update="rows", kv_dtype="float16", **options):
+    return lm.compile(CTX, max_chunk=8, last_only=False, backend=backend, kv_update=kv_update, kv_dtype=kv_dtype,
+                      **options)
+
+
+@pytest.mark.parametrize("kv_update", ["rows", "scatter"])
+def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, kv_update):
+    c16 = compile_step(lm, kv_update=kv_update)
+    got, caches = run_all(c16)
+    want, ref_caches = run_all(compile_step(lm, "reference", kv_update))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    f32, caches32 = run_all(compile_step(lm, kv_update=kv_update, kv_dtype="float32"))
+    # the caches really are float16: half the bytes, the same rows as the reference's (to one f16 ulp)
+    assert all(a.dtype == np.float16 for a in caches.values()) and len(caches) == 2 * SHAPE["layers"]
+    for name, a in caches.items():
+        assert a.nbytes * 2 == caches32[name].nbytes
+        np.testing.assert_allclose(a[:len(TOKENS)].astype(np.float32), ref_caches[name][:len(TOKENS)],
+                                   rtol=1e-3, atol=1e-4)
+    # layer 0's rows depend on the tokens alone: the float32 cache's rows rounded (to one f16 ulp)
+    for name in ("k0", "v0"):
+        np.testing.assert_allclose(caches[name][:len(TOKENS)].astype(np.float32), caches32[name][:len(TOKENS)],
+                                   rtol=1e-3, atol=1e-5)
+    diff = np.abs(got - f32).max()
+    assert 0 < diff < 2e-2 * np.abs(f32).max(), diff  # rounded, but only by float16's precision
+    # the lowered streaming attention runs (one per layer), reading float16 rows in place
+    kernels = c16.program.executor.plan.kernels
+    assert [k.schedule for k in kernels].count("attention") == SHAPE["layers"]
+    src = c16.program.executor.source
+    assert "ls_load8h(kph" in src and "ls_load8h(vph" in src
+
+
+def test_portable_conversion_without_f16c(lm):
+    """Without F16C the float16 rows are widened one by one: the same values (the conversion is exact)."""
+    f16c = run_all(compile_step(lm))[0]
+    flags = default_flags() + ["-mno-f16c"]
+    portable = run_all(compile_step(lm, flags=flags, plan_cache=False))[0]
+    np.testing.assert_array_equal(portable, f16c)
+
+
+def test_f32_is_the_default_and_bad_types_are_refused(lm):
+    step = lm.compile(CTX, max_chunk=8)
+    assert step.kv_dtype == "float32" and all(a.dtype == np.float32 for a in step.new_caches().values())
+    assert "ls_load8h(kph" not in step.program.executor.source
+    with pytest.raises(ValueError, match="kv_dtype"):
+        lm.compile(CTX, kv_dtype="int8")
+
+
+def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path / "cache"))
+    parser = cli.build_parser()
+    for command in (["generate", "x"], ["chat"], ["bench"], ["serve"]):
+        assert parser.parse_args(command[:1] + ["--kv-cache", "f16"] + command[1:]).kv_cache == "f16"
+        assert parser.parse_args(command).kv_cache == "f32"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--kv-cache", "f8", "x"])
+    capsys.readouterr()
+
+    model = api.load(str(tiny), ctx=32, progress=False, kv_dtype="float16")
+    assert model.step.kv_dtype == "float16" and all(a.dtype == np.float16 for a in model.cache.arrays.values())
+    greedy = model.generate_text("hi", max_tokens=4)
+    assert cli.main(["generate", "--model", str(tiny), "--ctx", "32", "--max-tokens", "4", "--kv-cache", "f16",
+                     "--json", "hi"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == greedy
+
+    # serve's batched step shares the float16 caches with the single-sequence program
+    from lightspeed.serve.batched import BatchedStep
+    batched = BatchedStep(model.lm, 32, 2, kv_dtype=model.step.kv_dtype)
+    assert all(a.dtype == np.float16 for a in batched.caches.values())
+    assert [k.schedule for k in batched.program.executor.plan.kernels].count("attention") == SHAPE["layers"]
+    alone = {n: np.zeros_like(a[:32]) for n, a in batched.caches.items()}
+    for slot in (0, 1):
+        model.step.run(TOKENS[:SPLIT + slot], 0, batched.slot_caches(slot))
+    model.step.run(TOKENS[:SPLIT], 0, alone)
+    logits = batched.run([TOKENS[SPLIT], TOKENS[SPLIT + 1]], [SPLIT, SPLIT + 1])
+    want, alone = model.step.run(TOKENS[SPLIT:SPLIT + 1], SPLIT, alone)
+    np.testing.assert_allclose(logits[0], want[-1], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(batched.slot_caches(0)["k1"][SPLIT], alone["k1"][SPLIT])
