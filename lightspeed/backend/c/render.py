@@ -21,13 +21,14 @@ from ...kernel.quantized import TEMPLATE_QTYPES, activation_scratch_layout
 from ...quant import QType, block_format
 from ...ops import Op
 
-PRELUDE = (Path(__file__).with_name("prelude.h")).read_text() + (Path(__file__).with_name("qdecode.h")).read_text()
+PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row group)
 QMM_DECODE_BYTES = 16 * 1024  # ... when one row group is all there is (decode): small items balance the threads
 QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (LS_QMM_PREFETCH in qdecode.h)
 QMM_ROWS = 8  # activation rows per pass over a weight row (LS_QMM_ROWS in qdecode.h)
+GEMM_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1)  # formats with the kernels of qgemm.h
 ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
 # --- lowered kernels (search hook): schedule name -> function (renderer, kernel) -> (function, launch)
@@ -331,6 +332,8 @@ class KernelRenderer:
         rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
         rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
         quant_lines, quantize = [], ""
+        row_groups = [f"        for (int64_t m0 = 0; m0 < M; m0 += {QMM_ROWS}) {{",
+                      f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);"]
         if k.scratch:  # quantized activations (int8 or int16), quantized once per call by the launcher
             mode = q.activations
             d_off, s_off, _ = activation_scratch_layout(max(sym.upper_bound(q.rows), 1), K, mode)
@@ -338,11 +341,12 @@ class KernelRenderer:
             # int8 has SIMD kernels only (elsewhere the float path below runs); int16 has a portable form too
             guard = ["#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)"] if mode == "int8" else []
             itype, bits = ("int8_t", "8") if mode == "int8" else ("int16_t", "16")
-            quant_lines = guard + [
+            quant_lines = guard + row_groups + [
                 "            for (int64_t n = n0; n < n1; n++)",
                 f"                ls_qdot{bits}_{tname}(wraw + n * {row_bytes}LL, (const {itype} *){sc} + m0 * {K}LL, "
                 f"(const float *)({sc} + {d_off}) + m0 * {nblk}, (const float *)({sc} + {s_off}) + m0 * {nblk}, "
-                f"{K}, {nblk}, mr, out + m0 * N + n, N);"]
+                f"{K}, {nblk}, mr, out + m0 * N + n, N);",
+                "        }"]
             lp = "((const ls_launch *)(&l))"
             x_i = self.kernel_buffers(k).index(x_buf)
             s_i = self.kernel_buffers(k).index(k.scratch[0])
@@ -360,17 +364,45 @@ class KernelRenderer:
             f"    float *restrict out = {self.buf(k.out)};",
             "    for (int64_t p = p0; p < p1; p++) {",
             "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);",
-            f"        for (int64_t m0 = 0; m0 < M; m0 += {QMM_ROWS}) {{",
-            f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);",
         ]
-        float_lines = [
-            f"#{'elif' if quant_lines else 'if'} defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
-        ] + ([f"            float xsum[{QMM_ROWS * nblk}];  /* q4_1's min term: block sums of the rows */",
-              f"            ls_block_sums(xs + m0 * {K}LL, mr, {K}, xsum);"] if q.qtype is QType.Q4_1 else []) + [
+        if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
+            lines += quant_lines
+        elif q.qtype in GEMM_QTYPES:
+            lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines))
+        else:
+            generic = row_groups + self.qmm_generic_lines(decode, E, BB, nblk, row_bytes, K) + ["        }"]
+            lines += quant_lines + ["#else"] + generic + ["#endif"] if quant_lines else generic
+        lines += ["    }", "}"]
+        work = f"(M * N * {K}LL)"
+        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
+                f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
+        return "\n".join(lines), call
+
+    @staticmethod
+    def qgemm_lines(q, tname: str, K: int, nblk: int, row_bytes: int, row_groups: list[str], elif_: bool) -> list[str]:
+        """Float activations of a 32-element format: the register-blocked kernel of qgemm.h (AVX2), else the
+        row-group kernel of qdecode.h (AVX-512), else qgemm.h's portable form; each gives a row the same bits
+        alone and in any batch."""
+        args = f"(wraw + n0 * {row_bytes}LL, {row_bytes}, xs, M, {K}, n1 - n0, out + n0, N);"
+        q41 = q.qtype is QType.Q4_1
+        return [
+            f"#{'elif' if elif_ else 'if'} defined(LS_HAVE_QGEMM) && !defined(LS_PORTABLE)",
+            f"        ls_qgemm_{tname}{args}",
+            f"#elif defined(LS_HAVE_QDOT_{tname}) && !defined(LS_PORTABLE)",
+        ] + row_groups + ([f"            float xsum[{QMM_ROWS * nblk}];  /* q4_1's min term: block sums of the rows */",
+                           f"            ls_block_sums(xs + m0 * {K}LL, mr, {K}, xsum);"] if q41 else []) + [
             "            for (int64_t n = n0; n < n1; n++)",
             f"                ls_qdot_{tname}(wraw + n * {row_bytes}LL, xs + m0 * {K}LL, "
-            f"{'xsum' if q.qtype is QType.Q4_1 else '0'}, {K}, {nblk}, mr, out + m0 * N + n, N);",
+            f"{'xsum' if q41 else '0'}, {K}, {nblk}, mr, out + m0 * N + n, N);",
+            "        }",
             "#else",
+            f"        ls_qgemm_portable_{tname}{args}",
+            "#endif"]
+
+    @staticmethod
+    def qmm_generic_lines(decode: str, E: int, BB: int, nblk: int, row_bytes: int, K: int) -> list[str]:
+        """The other formats (q5_0, q4_k, q6_k): each block decoded once per row group into a float buffer."""
+        return [
             "            for (int64_t n = n0; n < n1; n++) {",
             f"                const uint8_t *wrow = wraw + n * {row_bytes}LL;",
             f"                float acc[{QMM_ROWS}][32];",
@@ -400,15 +432,7 @@ class KernelRenderer:
             "                    for (int l = 0; l < 32; l++) s += acc[ii][l];",
             "                    out[(m0 + ii) * N + n] = s;",
             "                }",
-            "            }",
-            "#endif"]
-        # int16 activations have a portable form: no float path to fall back to
-        lines += quant_lines if k.scratch and q.activations == "int16" else quant_lines + float_lines
-        lines += ["        }", "    }", "}"]
-        work = f"(M * N * {K}LL)"
-        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
-                f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
-        return "\n".join(lines), call
+            "            }"]
 
     def work_per_item(self, x: ir.IR) -> sym.sint:
         if isinstance(x, ir.Reduce):

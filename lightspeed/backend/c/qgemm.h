@@ -1,0 +1,231 @@
+/* Quantized matmul out[m, n] = sum_k x[m, k] * w[n, k] for the 32-element block formats (q8_0, q4_0, q4_1),
+ * with one summation order for every row count, so that a row's result is bit-identical alone (decode) and
+ * in any batch (batched decode, prefill):
+ *   - the weights are decoded with their scale (and q4_1's min) applied: w = d * q (q4_1: fma(d, q, m));
+ *   - K is cut into chunks of ls_qg_chunk_blocks(nblk) blocks (a function of K only);
+ *   - per chunk, 8 lanes accumulate lane l += w[k] * x[k] (k = l mod 8, k increasing, fused multiply-add),
+ *     then the lanes are summed as ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7));
+ *   - the chunk sums are added in order: out = s0, out = out + s1, ...
+ * One row (decode, bandwidth-bound) decodes weight blocks in registers, 4 weight rows at a time. More rows
+ * decode a chunk of the item's weight rows once into a float buffer (in L2) and run a register-blocked
+ * micro-kernel of LS_QG_MR activation rows x LS_QG_NR weight rows (12 accumulators) over it, so the FMAs
+ * need no scale and every load feeds several FMAs. The portable form computes the same values. */
+
+#define LS_QG_KCB 16  /* most blocks of 32 in a K chunk (the buffer holds LS_QG_RMAX rows of a chunk) */
+#define LS_QG_RMAX 64  /* weight rows decoded into the buffer at once */
+#define LS_QG_MR 6  /* most activation rows of the micro-kernel */
+#define LS_QG_NR 4  /* most weight rows of the micro-kernel */
+#ifndef LS_QG_N1
+#define LS_QG_N1 4  /* weight rows at once in the one-row kernel (4 at most: one 4-lane sum) */
+#endif
+
+/* blocks per K chunk: the fewest chunks of at most LS_QG_KCB blocks, as even as possible */
+static inline int64_t ls_qg_chunk_blocks(int64_t nblk) {
+    const int64_t nc = (nblk + LS_QG_KCB - 1) / LS_QG_KCB;
+    return nc > 0 ? (nblk + nc - 1) / nc : 1;
+}
+
+/* fused multiply-add where the hardware has it (the vector paths fuse too), else the plain expression */
+#if defined(FP_FAST_FMAF)
+#define LS_QG_FMA(a, b, c) fmaf((a), (b), (c))
+#else
+#define LS_QG_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* portable decoders with the scale applied, the same values as the vector ones */
+static inline void ls_qg_dq_q8_0(const uint8_t *b, float *restrict w) {
+    const float d = ls_f16(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int i = 0; i < 32; i++) w[i] = d * (float)q[i];
+}
+static inline void ls_qg_dq_q4_0(const uint8_t *b, float *restrict w) {
+    const float d = ls_f16(b);
+    for (int i = 0; i < 16; i++) {
+        w[i] = d * (float)((int)(b[2 + i] & 15) - 8);
+        w[i + 16] = d * (float)((int)(b[2 + i] >> 4) - 8);
+    }
+}
+static inline void ls_qg_dq_q4_1(const uint8_t *b, float *restrict w) {
+    const float d = ls_f16(b), m = ls_f16(b + 2);
+    for (int i = 0; i < 16; i++) {
+        w[i] = LS_QG_FMA(d, (float)(b[4 + i] & 15), m);
+        w[i + 16] = LS_QG_FMA(d, (float)(b[4 + i] >> 4), m);
+    }
+}
+
+/* the 8-lane sum in the order above */
+static inline float ls_qg_sum8(const float *a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
+
+/* out[j] (j < nr) = s[j] for the first chunk, out[j] + s[j] after */
+static inline void ls_qg_store(float *restrict out, const float *s, int nr, int first) {
+    for (int j = 0; j < nr; j++) out[j] = first ? s[j] : out[j] + s[j];
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define LS_HAVE_QGEMM 1
+
+/* the 8-lane sums of four accumulators, in the order above, as one 4-lane vector */
+static inline __m128 ls_qg_sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+static inline void ls_qg_store4(float *restrict out, __m128 s, int nr, int first) {
+    if (nr == 4) {
+        _mm_storeu_ps(out, first ? s : _mm_add_ps(_mm_loadu_ps(out), s));
+    } else {
+        float t[4];
+        _mm_storeu_ps(t, s);
+        ls_qg_store(out, t, nr, first);
+    }
+}
+
+/* a block's 32 weights, scale (and min) applied, as four vectors in element order */
+#define LS_QG_VALS_Q8_0(b, v) do { \
+    const __m256 d_ = ls_bcast8_f16(b); LS_VALS_Q8_0(b, v); \
+    for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_mul_ps(d_, v[i_]); } while (0)
+#define LS_QG_VALS_Q4_0(b, v) do { \
+    const __m256 d_ = ls_bcast8_f16(b); LS_VALS_Q4_0(b, v); \
+    for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_mul_ps(d_, v[i_]); } while (0)
+#define LS_QG_VALS_Q4_1(b, v) do { \
+    const __m256 d_ = ls_bcast8_f16(b), m_ = ls_bcast8_f16((b) + 2); LS_VALS_Q4_1(b, v); \
+    for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_fmadd_ps(d_, v[i_], m_); } while (0)
+
+/* micro-kernel: MR activation rows (stride K) x NR decoded weight rows (stride kc) over kc values */
+static inline __attribute__((always_inline)) void ls_qg_micro_k(const float *restrict x, int64_t K,
+        const float *restrict w, int64_t kc, float *restrict out, int64_t N, int first, const int MR, const int NR) {
+    __m256 acc[LS_QG_MR][LS_QG_NR];
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < kc; k += 8) {
+        __m256 wv[LS_QG_NR];
+        for (int j = 0; j < NR; j++) wv[j] = _mm256_loadu_ps(w + j * kc + k);
+        for (int r = 0; r < MR; r++) {
+            __m256 xv = _mm256_loadu_ps(x + r * K + k);
+            /* in a register: gcc would otherwise fold the load into each FMA (NR loads instead of one) */
+            __asm__("" : "+x"(xv));
+            for (int j = 0; j < NR; j++) acc[r][j] = _mm256_fmadd_ps(wv[j], xv, acc[r][j]);
+        }
+    }
+    const __m256 z = _mm256_setzero_ps();
+    for (int r = 0; r < MR; r++) {
+        for (int j = 0; j < NR; j += 4) {
+            const int n = NR - j < 4 ? NR - j : 4;
+            const __m128 s = ls_qg_sum4(acc[r][j], n > 1 ? acc[r][j + 1] : z, n > 2 ? acc[r][j + 2] : z,
+                                         n > 3 ? acc[r][j + 3] : z);
+            ls_qg_store4(out + r * N + j, s, n, first);
+        }
+    }
+}
+/* The micro-kernel's shape for mr activation rows: 6x2, 5x2, 4x3, 3x4, 2x4 or 1x4 (the fastest measured on
+ * Zen 3 for each; the 12 accumulators, the weights and one row of x fill the 16 ymm registers). */
+static inline int ls_qg_nr(int mr) { return mr >= 5 ? 2 : mr == 4 ? 3 : 4; }
+#define LS_QG_MICRO_NR(MR, NR) do { switch (nr) { \
+    case 1: ls_qg_micro_k(x, K, w, kc, out, N, first, MR, 1); break; \
+    case 2: ls_qg_micro_k(x, K, w, kc, out, N, first, MR, 2); break; \
+    case 3: ls_qg_micro_k(x, K, w, kc, out, N, first, MR, (NR) >= 3 ? 3 : 1); break; \
+    default: ls_qg_micro_k(x, K, w, kc, out, N, first, MR, NR); break; } } while (0)
+static void ls_qg_micro(const float *restrict x, int64_t K, const float *restrict w, int64_t kc,
+                        float *restrict out, int64_t N, int first, int mr, int nr) {
+    switch (mr) {
+    case 1: LS_QG_MICRO_NR(1, 4); break;
+    case 2: LS_QG_MICRO_NR(2, 4); break;
+    case 3: LS_QG_MICRO_NR(3, 4); break;
+    case 4: LS_QG_MICRO_NR(4, 3); break;
+    case 5: LS_QG_MICRO_NR(5, 2); break;
+    default: LS_QG_MICRO_NR(6, 2); break;
+    }
+}
+
+/* One activation row against NR weight rows (stride rb bytes) decoded in registers. */
+#define LS_QG_ONE(NAME, VALS, BB) \
+static inline __attribute__((always_inline)) void NAME##_one_k(const uint8_t *restrict w, int64_t rb, \
+        const float *restrict x, int64_t nblk, float *restrict out, const int NR) { \
+    const int64_t cb = ls_qg_chunk_blocks(nblk); \
+    const __m256 z = _mm256_setzero_ps(); \
+    for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
+        const int64_t b1 = ls_min(nblk, b0 + cb); \
+        __m256 acc[4] = {z, z, z, z}; \
+        for (int64_t b = b0; b < b1; b++) { \
+            const float *xb = x + 32 * b; \
+            const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8); \
+            const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24); \
+            for (int j = 0; j < NR; j++) { \
+                const uint8_t *blk = w + j * rb + b * (BB); \
+                LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+                __m256 v[4]; VALS(blk, v); \
+                acc[j] = _mm256_fmadd_ps(v[0], x0, acc[j]); acc[j] = _mm256_fmadd_ps(v[1], x1, acc[j]); \
+                acc[j] = _mm256_fmadd_ps(v[2], x2, acc[j]); acc[j] = _mm256_fmadd_ps(v[3], x3, acc[j]); \
+            } \
+        } \
+        ls_qg_store4(out, ls_qg_sum4(acc[0], acc[1], acc[2], acc[3]), NR, b0 == 0); \
+    } \
+} \
+/* a chunk of nb blocks (from block b0) of n weight rows into dst (row stride 32 * nb floats) */ \
+static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n, \
+                                 float *restrict dst) { \
+    for (int64_t j = 0; j < n; j++) \
+        for (int64_t b = 0; b < nb; b++) { \
+            const uint8_t *blk = w + j * rb + (b0 + b) * (BB); \
+            LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+            __m256 v[4]; VALS(blk, v); \
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + j * 32 * nb + 32 * b + 8 * i, v[i]); \
+        } \
+} \
+/* out[m, j] (row stride N) for n weight rows at w (stride rb bytes) and M activation rows (stride K) */ \
+static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K, \
+                 int64_t n, float *restrict out, int64_t N) { \
+    const int64_t nblk = K / 32; \
+    if (M == 1) { \
+        int64_t j = 0; \
+        for (; j + LS_QG_N1 <= n; j += LS_QG_N1) NAME##_one_k(w + j * rb, rb, x, nblk, out + j, LS_QG_N1); \
+        switch (n - j) { \
+        case 1: NAME##_one_k(w + j * rb, rb, x, nblk, out + j, 1); break; \
+        case 2: NAME##_one_k(w + j * rb, rb, x, nblk, out + j, 2); break; \
+        case 3: NAME##_one_k(w + j * rb, rb, x, nblk, out + j, 3); break; \
+        default: break; } \
+        return; \
+    } \
+    float buf[LS_QG_RMAX * LS_QG_KCB * 32] __attribute__((aligned(64))); \
+    const int64_t cb = ls_qg_chunk_blocks(nblk); \
+    for (int64_t j0 = 0; j0 < n; j0 += LS_QG_RMAX) { \
+        const int64_t nj = ls_min(LS_QG_RMAX, n - j0); \
+        for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
+            const int64_t nb = ls_min(cb, nblk - b0), kc = 32 * nb; \
+            NAME##_decode(w + j0 * rb, rb, b0, nb, nj, buf); \
+            for (int64_t m0 = 0; m0 < M; m0 += LS_QG_MR) { \
+                const int mr = (int)ls_min(LS_QG_MR, M - m0), nr = ls_qg_nr(mr); \
+                for (int64_t j = 0; j < nj; j += nr) \
+                    ls_qg_micro(x + m0 * K + 32 * b0, K, buf + j * kc, kc, out + m0 * N + j0 + j, N, b0 == 0, \
+                                mr, (int)ls_min(nr, nj - j)); \
+            } \
+        } \
+    } \
+}
+LS_QG_ONE(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34)
+LS_QG_ONE(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18)
+LS_QG_ONE(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20)
+#endif
+
+/* Portable form: the same structure and values without vector intrinsics (what CPUs without AVX2 run). */
+#define LS_QG_PORTABLE(NAME, DQ, BB) \
+static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K, \
+                 int64_t n, float *restrict out, int64_t N) { \
+    const int64_t nblk = K / 32, cb = ls_qg_chunk_blocks(nblk); \
+    float buf[LS_QG_KCB * 32]; \
+    for (int64_t j = 0; j < n; j++) \
+        for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
+            const int64_t nb = ls_min(cb, nblk - b0), kc = 32 * nb; \
+            for (int64_t b = 0; b < nb; b++) DQ(w + j * rb + (b0 + b) * (BB), buf + 32 * b); \
+            for (int64_t m = 0; m < M; m++) { \
+                const float *xr = x + m * K + 32 * b0; \
+                float acc[8] = {0}; \
+                for (int64_t k = 0; k < kc; k += 8) \
+                    for (int l = 0; l < 8; l++) acc[l] = LS_QG_FMA(buf[k + l], xr[k + l], acc[l]); \
+                const float s = ls_qg_sum8(acc); \
+                ls_qg_store(out + m * N + j, &s, 1, b0 == 0); \
+            } \
+        } \
+}
+LS_QG_PORTABLE(ls_qgemm_portable_q8_0, ls_qg_dq_q8_0, 34)
+LS_QG_PORTABLE(ls_qgemm_portable_q4_0, ls_qg_dq_q4_0, 18)
+LS_QG_PORTABLE(ls_qgemm_portable_q4_1, ls_qg_dq_q4_1, 20)
