@@ -120,6 +120,43 @@ class CompiledGraph:
             inputs, env = self.bind(inputs, dims)
         return tuple(self.executor.run(inputs, env))
 
+    def run(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None,
+            out: Mapping[int, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+        """Like calling the program, with ``out``: output index -> a C-contiguous, writable array of that
+        output's shape and dtype, which receives the output (no new array; e.g. rows of a KV cache).
+        An ``out`` array may overlap an input only where the program does not read that input."""
+        env = self._fast_bind(inputs, dims)
+        if env is None:
+            inputs, env = self.bind(inputs, dims)
+        if not out:
+            return tuple(self.executor.run(inputs, env))
+        checked = self._check_out(out, env)
+        if getattr(self.executor, "writes_into", False):
+            return tuple(self.executor.run(inputs, env, out=checked))
+        result = list(self.executor.run(inputs, env))
+        for k, o in checked.items():
+            o[...] = result[k]
+            result[k] = o
+        return tuple(result)
+
+    def _check_out(self, out: Mapping[int, np.ndarray], env: Mapping[str, int]) -> dict[int, np.ndarray]:
+        n = len(self.program.outputs)
+        checked = {}
+        for k, o in out.items():
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
+                raise ValueError(f"out: output index {k!r} is not one of 0..{n - 1}")
+            node, st = self.program.outputs[k]
+            want = tuple(int(sym.evaluate(s, env)) for s in st.shape)
+            if not isinstance(o, np.ndarray):
+                raise ValueError(f"out[{k}] must be a numpy array, got {type(o).__name__}")
+            if o.dtype != node.dtype.np or o.shape != want:
+                raise ValueError(f"out[{k}] is {o.dtype}{list(o.shape)}, but output {k} is "
+                                 f"{node.dtype.name}{list(want)}")
+            if not o.flags.c_contiguous or not o.flags.writeable:
+                raise ValueError(f"out[{k}] must be a C-contiguous, writable array")
+            checked[int(k)] = o
+        return checked
+
     def output_shapes(self, env: Mapping[str, int]) -> list[tuple[int, ...]]:
         return [tuple(int(sym.evaluate(s, env)) for s in st.shape) for _, st in self.program.outputs]
 

@@ -234,9 +234,16 @@ class CompiledLM:
             raise ValueError(f"run: positions {pos}..{pos + n - 1} exceed the context bound of {self.ctx} tokens")
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
-        outs = self.program(dims={"pos": int(pos)}, tokens=ids, **caches)
         if self.kv_update == "scatter":
+            outs = self.program(dims={"pos": int(pos)}, tokens=ids, **caches)
             return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
-        for s, rows in zip(self.cache_specs, outs[1:]):
-            caches[s.name][pos:pos + n] = rows
+        # the new rows are written straight into the caches (rows pos.. are not read by this step), so a
+        # long prompt allocates no second copy of its keys and values
+        into = {k: caches[s.name][pos:pos + n] for k, s in enumerate(self.cache_specs, 1)}
+        if not all(a.flags.c_contiguous and a.flags.writeable for a in into.values()):
+            outs = self.program(dims={"pos": int(pos)}, tokens=ids, **caches)
+            for s, rows in zip(self.cache_specs, outs[1:]):
+                caches[s.name][pos:pos + n] = rows
+            return outs[0], caches
+        outs = self.program.run(dict(tokens=ids, **caches), dims={"pos": int(pos)}, out=into)
         return outs[0], caches

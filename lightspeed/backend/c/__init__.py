@@ -97,6 +97,8 @@ class CBackend:
     see lightspeed/memory.py), ``plan_cache`` (reuse the rendered source of a structurally identical
     program compiled before, skipping kernel formation and rendering; see plan_cache.py)."""
 
+    writes_into = True  # run(..., out=) writes outputs into the caller's arrays
+
     def __init__(self, program: Program, cc: str | None = None, flags: list[str] | None = None,
                  templates: bool = True, profile: bool = False, portable: bool = False,
                  activations: str = "float", int8_activations: bool = False, search: int = 0,
@@ -164,7 +166,10 @@ class CBackend:
                 self._profile[i] = 0
         return out
 
-    def run(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
+    def run(self, inputs: dict[str, np.ndarray], env: dict[str, int],
+            out: dict[int, np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run once; ``out`` maps output indices to arrays (checked by the caller: shape, dtype, C order)
+        that the program writes into instead of new ones."""
         ptrs = self._ptrs
         used = {}  # the arrays native code sees (contiguous copies of non-contiguous inputs)
         for name, slot in self._in_slots:
@@ -181,7 +186,9 @@ class CBackend:
             if npdt is None:
                 outs.append(None)  # filled after the run
             elif first == k:
-                o = np.empty(shape if type(shape) is tuple else shape(env), dtype=npdt)
+                o = out.get(k) if out else None
+                if o is None:
+                    o = np.empty(shape if type(shape) is tuple else shape(env), dtype=npdt)
                 ptrs[slot] = _from_buffer(o)
                 outs.append(o)
             else:
@@ -192,5 +199,10 @@ class CBackend:
                 if npdt is None and first == k:
                     outs[k] = used.get(name, inputs[name])
         if self._has_duplicates:
-            return [o if o is not None else outs[first].copy() for o, (_, _, _, first) in zip(outs, self._outs)]
+            outs = [o if o is not None else outs[first].copy() for o, (_, _, _, first) in zip(outs, self._outs)]
+        if out:  # outputs that had no buffer of their own (duplicates, donated inputs) are copied in
+            for k, o in out.items():
+                if outs[k] is not o:
+                    o[...] = outs[k]
+                    outs[k] = o
         return outs
