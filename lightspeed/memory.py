@@ -19,6 +19,7 @@ import numpy as np
 
 ALIGN = 64  # every array starts on a cache line
 HUGE_PAGE = 2 << 20
+RELEASE_CHUNK = 16 << 20  # a copy that releases its source does so per chunk (each release reads /proc maps)
 
 # live regions: start address -> (size, weak reference to the mapping); an entry goes when the
 # mapping does (arrays keep their mapping alive through their buffer)
@@ -56,10 +57,20 @@ class HugePageRegion:
         self._next = start + nbytes
         return self.buffer[start:start + nbytes].view(dtype).reshape(shape)
 
-    def copy(self, a: np.ndarray) -> np.ndarray:
-        """A copy of ``a`` in the region (same shape and dtype, C order)."""
+    def copy(self, a: np.ndarray, release: bool = False) -> np.ndarray:
+        """A copy of ``a`` in the region (same shape and dtype, C order). With ``release``, the file pages
+        under a C-contiguous ``a`` are released as each chunk is copied (``release_file_pages``), so a
+        large weight is never resident twice."""
         out = self.take(a.nbytes, a.dtype, a.shape)
-        out[...] = a
+        if not (release and a.flags.c_contiguous and a.nbytes > RELEASE_CHUNK):
+            out[...] = a
+            if release:
+                release_file_pages([a])
+            return out
+        src, dst = a.reshape(-1).view(np.uint8), out.reshape(-1).view(np.uint8)
+        for lo in range(0, a.nbytes, RELEASE_CHUNK):
+            dst[lo:lo + RELEASE_CHUNK] = src[lo:lo + RELEASE_CHUNK]
+            release_file_pages([src[lo:lo + RELEASE_CHUNK]])
         return out
 
 

@@ -77,6 +77,32 @@ def test_release_file_pages_drops_only_read_only_file_pages(tmp_path) -> None:
     assert (anon == 1).all()
 
 
+@linux
+def test_copy_with_release_never_holds_a_large_file_twice(tmp_path, monkeypatch) -> None:
+    """A releasing copy goes chunk by chunk: the source's resident pages stay about one chunk, and the
+    copy holds the file's values (the C backend copies weights this way)."""
+    monkeypatch.setattr(memory, "RELEASE_CHUNK", 256 << 10)
+    path = tmp_path / "weights.bin"
+    values = np.arange(4 << 20, dtype=np.int32).reshape(1024, 4096)  # 16 MiB
+    path.write_bytes(values.tobytes())
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(m, dtype=np.int32).reshape(1024, 4096)
+    region = memory.HugePageRegion(memory.region_bytes([view]))
+    peak = []
+    real_release = memory.release_file_pages
+
+    def watch(arrays):  # resident pages of the source just before each chunk's release
+        peak.append(int(_smaps_entry(view.ctypes.data)["Rss"].split()[0]))
+        return real_release(arrays)
+    monkeypatch.setattr(memory, "release_file_pages", watch)
+    copy = region.copy(view, release=True)
+    np.testing.assert_array_equal(copy, values)
+    # KiB: a few chunks at most (the kernel may map pages around a fault, up to 2 MiB on tmpfs)
+    assert len(peak) == 64 and max(peak) <= 4096, peak
+    assert memory.in_region(copy) and not memory.in_region(view)
+
+
 def test_c_backend_reads_weights_from_a_region_and_gives_the_same_results() -> None:
     g = ls.Graph()
     x = g.input("x", (4, 256), ls.float32)

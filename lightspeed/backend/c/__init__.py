@@ -71,11 +71,11 @@ def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return out
     region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k, _ in todo))
     for k, key in todo:
-        out[k] = region.copy(arrays[k])
+        # chunk by chunk, so a large weight is not resident twice while it is copied
+        out[k] = region.copy(arrays[k], release=True)
         if not arrays[k].flags.writeable:  # a writable source may change: its next program copies it again
             _COPIES[key] = (weakref.ref(out[k]), arrays[k])
             weakref.finalize(out[k], _COPIES.pop, key, None)
-    memory.release_file_pages([arrays[k] for k, _ in todo])
     return out
 
 
