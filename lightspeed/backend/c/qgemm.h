@@ -6,18 +6,17 @@
  *   - per chunk, 8 lanes accumulate lane l += w[k] * x[k] (k = l mod 8, k increasing, fused multiply-add),
  *     then the lanes are summed as ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7));
  *   - the chunk sums are added in order: out = s0, out = out + s1, ...
- * One row (decode, bandwidth-bound) decodes weight blocks in registers, 4 weight rows at a time. More rows
- * decode a chunk of the item's weight rows once into a float buffer (in L2) and run a register-blocked
- * micro-kernel of LS_QG_MR activation rows x LS_QG_NR weight rows (12 accumulators) over it, so the FMAs
- * need no scale and every load feeds several FMAs. The portable form computes the same values. */
+ * Up to LS_QG_FEW rows (decode, batched decode) decode weight blocks in registers, each block once for all
+ * rows. More rows (prefill) decode a K chunk of the item's weight rows once into a float buffer (in L2) and
+ * run register-blocked micro-kernels of up to 6 activation rows x 2-4 weight rows (12 accumulators) over
+ * it, so the FMAs need no scale and every load feeds several FMAs. The portable form computes the same
+ * values. */
 
-#define LS_QG_KCB 16  /* most blocks of 32 in a K chunk (the buffer holds LS_QG_RMAX rows of a chunk) */
+#define LS_QG_KCB 24  /* most blocks of 32 in a K chunk (the buffer holds LS_QG_RMAX rows of a chunk) */
 #define LS_QG_RMAX 64  /* weight rows decoded into the buffer at once */
 #define LS_QG_MR 6  /* most activation rows of the micro-kernel */
 #define LS_QG_NR 4  /* most weight rows of the micro-kernel */
-#ifndef LS_QG_N1
-#define LS_QG_N1 4  /* weight rows at once in the one-row kernel (4 at most: one 4-lane sum) */
-#endif
+#define LS_QG_FEW 8  /* most activation rows of the register-decoding kernel (batched decode) */
 
 /* blocks per K chunk: the fewest chunks of at most LS_QG_KCB blocks, as even as possible */
 static inline int64_t ls_qg_chunk_blocks(int64_t nblk) {
@@ -136,30 +135,64 @@ static void ls_qg_micro(const float *restrict x, int64_t K, const float *restric
     }
 }
 
-/* One activation row against NR weight rows (stride rb bytes) decoded in registers. */
-#define LS_QG_ONE(NAME, VALS, BB) \
-static inline __attribute__((always_inline)) void NAME##_one_k(const uint8_t *restrict w, int64_t rb, \
-        const float *restrict x, int64_t nblk, float *restrict out, const int NR) { \
-    const int64_t cb = ls_qg_chunk_blocks(nblk); \
+/* A few activation rows (MR <= 8, stride K) against NR weight rows (stride rb bytes) decoded in registers:
+ * each weight block is decoded once and feeds MR x 4 FMAs (decode, batched decode). MR x NR accumulators,
+ * at least 8 where the rows allow, so that the 4-cycle FMA latency does not bound the dependent chains. */
+#define LS_QG_REGS(NAME, VALS, BB) \
+static inline __attribute__((always_inline)) void NAME##_few_k(const uint8_t *restrict w, int64_t rb, \
+        const float *restrict x, int64_t K, int64_t b0, int64_t b1, float *restrict out, int64_t N, const int MR, \
+        const int NR) { \
     const __m256 z = _mm256_setzero_ps(); \
-    for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
-        const int64_t b1 = ls_min(nblk, b0 + cb); \
-        __m256 acc[4] = {z, z, z, z}; \
-        for (int64_t b = b0; b < b1; b++) { \
-            const float *xb = x + 32 * b; \
-            const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8); \
-            const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24); \
-            for (int j = 0; j < NR; j++) { \
-                const uint8_t *blk = w + j * rb + b * (BB); \
-                LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
-                __m256 v[4]; VALS(blk, v); \
-                acc[j] = _mm256_fmadd_ps(v[0], x0, acc[j]); acc[j] = _mm256_fmadd_ps(v[1], x1, acc[j]); \
-                acc[j] = _mm256_fmadd_ps(v[2], x2, acc[j]); acc[j] = _mm256_fmadd_ps(v[3], x3, acc[j]); \
+    __m256 acc[8][4]; \
+    for (int r = 0; r < MR; r++) for (int j = 0; j < NR; j++) acc[r][j] = z; \
+    for (int64_t b = b0; b < b1; b++) { \
+        for (int j = 0; j < NR; j++) { \
+            const uint8_t *blk = w + j * rb + b * (BB); \
+            LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+            __m256 v[4]; VALS(blk, v); \
+            for (int r = 0; r < MR; r++) { \
+                const float *xb = x + r * K + 32 * b; \
+                acc[r][j] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), acc[r][j]); \
+                acc[r][j] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xb + 8), acc[r][j]); \
+                acc[r][j] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xb + 16), acc[r][j]); \
+                acc[r][j] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xb + 24), acc[r][j]); \
             } \
         } \
-        ls_qg_store4(out, ls_qg_sum4(acc[0], acc[1], acc[2], acc[3]), NR, b0 == 0); \
+    } \
+    for (int r = 0; r < MR; r++) \
+        ls_qg_store4(out + r * N, ls_qg_sum4(acc[r][0], NR > 1 ? acc[r][1] : z, NR > 2 ? acc[r][2] : z, \
+                                             NR > 3 ? acc[r][3] : z), NR, b0 == 0); \
+} \
+/* n weight rows, NR at a time (then the remainder), K chunk by K chunk (the chunk of x stays in L1) */ \
+static inline __attribute__((always_inline)) void NAME##_few_n(const uint8_t *restrict w, int64_t rb, \
+        const float *restrict x, int64_t K, int64_t nblk, int64_t n, float *restrict out, int64_t N, const int MR, \
+        const int NR) { \
+    const int64_t cb = ls_qg_chunk_blocks(nblk); \
+    for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
+        const int64_t b1 = ls_min(nblk, b0 + cb); \
+        int64_t j = 0; \
+        for (; j + NR <= n; j += NR) NAME##_few_k(w + j * rb, rb, x, K, b0, b1, out + j, N, MR, NR); \
+        switch (n - j) { \
+        case 1: NAME##_few_k(w + j * rb, rb, x, K, b0, b1, out + j, N, MR, 1); break; \
+        case 2: if (NR > 2) NAME##_few_k(w + j * rb, rb, x, K, b0, b1, out + j, N, MR, 2); break; \
+        case 3: if (NR > 3) NAME##_few_k(w + j * rb, rb, x, K, b0, b1, out + j, N, MR, 3); break; \
+        default: break; } \
     } \
 } \
+static void NAME##_few(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K, \
+                       int64_t nblk, int64_t n, float *restrict out, int64_t N) { \
+    switch (M) { \
+    case 1: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 1, 4); break; \
+    case 2: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 2, 4); break; \
+    case 3: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 3, 3); break; \
+    case 4: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 4, 2); break; \
+    case 5: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 5, 2); break; \
+    case 6: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 6, 1); break; \
+    case 7: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 7, 1); break; \
+    default: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 8, 1); break; } \
+}
+#define LS_QG_KERNELS(NAME, VALS, BB) \
+LS_QG_REGS(NAME, VALS, BB) \
 /* a chunk of nb blocks (from block b0) of n weight rows into dst (row stride 32 * nb floats) */ \
 static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n, \
                                  float *restrict dst) { \
@@ -175,16 +208,7 @@ static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t 
 static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K, \
                  int64_t n, float *restrict out, int64_t N) { \
     const int64_t nblk = K / 32; \
-    if (M == 1) { \
-        int64_t j = 0; \
-        for (; j + LS_QG_N1 <= n; j += LS_QG_N1) NAME##_one_k(w + j * rb, rb, x, nblk, out + j, LS_QG_N1); \
-        switch (n - j) { \
-        case 1: NAME##_one_k(w + j * rb, rb, x, nblk, out + j, 1); break; \
-        case 2: NAME##_one_k(w + j * rb, rb, x, nblk, out + j, 2); break; \
-        case 3: NAME##_one_k(w + j * rb, rb, x, nblk, out + j, 3); break; \
-        default: break; } \
-        return; \
-    } \
+    if (M <= LS_QG_FEW) { NAME##_few(w, rb, x, M, K, nblk, n, out, N); return; } \
     float buf[LS_QG_RMAX * LS_QG_KCB * 32] __attribute__((aligned(64))); \
     const int64_t cb = ls_qg_chunk_blocks(nblk); \
     for (int64_t j0 = 0; j0 < n; j0 += LS_QG_RMAX) { \
@@ -201,9 +225,9 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
         } \
     } \
 }
-LS_QG_ONE(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34)
-LS_QG_ONE(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18)
-LS_QG_ONE(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20)
+LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34)
+LS_QG_KERNELS(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18)
+LS_QG_KERNELS(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20)
 #endif
 
 /* Portable form: the same structure and values without vector intrinsics (what CPUs without AVX2 run). */
