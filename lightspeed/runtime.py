@@ -36,6 +36,10 @@ class CompiledGraph:
                     axes.append((k, 0, int(s)))
             self._spec.append((n.arg, len(n.shape), n.dtype.np, tuple(axes)))
         self._bounds = [(v.name, v.lo, v.hi) for v in program.dims]
+        # output dtypes and shapes for checking ``out`` arrays quickly: an axis is an int, a dimension's
+        # name, or an expression
+        self._out_spec = [(node.dtype, tuple(int(s) if sym.is_const(s) else s.name if isinstance(s, sym.Var) else s
+                                             for s in st.shape)) for node, st in program.outputs]
 
     def bind(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None) -> tuple[dict, dict]:
         """Check every input and dimension; return (arrays, dimension values). Raises ValueError."""
@@ -140,19 +144,20 @@ class CompiledGraph:
         return tuple(result)
 
     def _check_out(self, out: Mapping[int, np.ndarray], env: Mapping[str, int]) -> dict[int, np.ndarray]:
-        n = len(self.program.outputs)
+        n = len(self._out_spec)
         checked = {}
         for k, o in out.items():
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < n:
+            if type(k) is not int and (isinstance(k, bool) or not isinstance(k, (int, np.integer))) or not 0 <= k < n:
                 raise ValueError(f"out: output index {k!r} is not one of 0..{n - 1}")
-            node, st = self.program.outputs[k]
-            want = tuple(int(sym.evaluate(s, env)) for s in st.shape)
-            if not isinstance(o, np.ndarray):
+            dtype, shape = self._out_spec[k]
+            want = tuple(s if type(s) is int else env[s] if type(s) is str else int(sym.evaluate(s, env))
+                         for s in shape)
+            if type(o) is not np.ndarray:
                 raise ValueError(f"out[{k}] must be a numpy array, got {type(o).__name__}")
-            if o.dtype != node.dtype.np or o.shape != want:
-                raise ValueError(f"out[{k}] is {o.dtype}{list(o.shape)}, but output {k} is "
-                                 f"{node.dtype.name}{list(want)}")
-            if not o.flags.c_contiguous or not o.flags.writeable:
+            if o.dtype != dtype.np or o.shape != want:
+                raise ValueError(f"out[{k}] is {o.dtype}{list(o.shape)}, but output {k} is {dtype.name}{list(want)}")
+            flags = o.flags
+            if not flags.c_contiguous or not flags.writeable:
                 raise ValueError(f"out[{k}] must be a C-contiguous, writable array")
             checked[int(k)] = o
         return checked
