@@ -142,6 +142,7 @@ class CBackend:
         self._arena = np.empty(plan.arena_bytes + 64, dtype=np.uint8)
         self._arena_ptr = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)
         self._in_slots = [(b.name, b.slot) for b in plan.inputs]
+        self._last_inputs: list[np.ndarray | None] = [None] * len(self._in_slots)
         self._dim_names = [v.name for v in plan.dims]
         self._outs = []  # (slot, shape exprs, numpy dtype, first index using that buffer)
         seen: dict[int, int] = {}
@@ -172,11 +173,17 @@ class CBackend:
         that the program writes into instead of new ones."""
         ptrs = self._ptrs
         used = {}  # the arrays native code sees (contiguous copies of non-contiguous inputs)
-        for name, slot in self._in_slots:
+        last = self._last_inputs
+        for k, (name, slot) in enumerate(self._in_slots):
             a = inputs[name]
+            if a is last[k]:  # the slot still holds this array's address (a KV cache passed every step)
+                continue
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
                 used[name] = a
+                last[k] = None
+            else:
+                last[k] = a  # held, so the address cannot be reused by another array
             ptrs[slot] = _from_buffer(a)
         dims = self._dims
         for i, name in enumerate(self._dim_names):
