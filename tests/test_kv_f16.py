@@ -3,7 +3,8 @@
 New key/value rows are cast to float16 when appended and read back through a cast to float32, so
 the C program must match the reference interpreter on the same graph, and stay close to the
 float32-cache program. The streaming attention kernel must still be the one that runs, reading the
-float16 rows in place (F16C where the target has it, a portable conversion otherwise).
+float16 rows in place (F16C where the target has it, a portable conversion otherwise). The prefill
+here (5 tokens x 2 query heads per KV head) takes the many-rows path, the decode steps the few-rows one.
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, kv_update):
     kernels = c16.program.executor.plan.kernels
     assert [k.schedule for k in kernels].count("attention") == SHAPE["layers"]
     src = c16.program.executor.source
-    assert "ls_load8h(kph" in src and "ls_load8h(vph" in src
+    assert "ls_load8h(kph" in src and "ls_load8h(vph" in src  # decode: few query rows
+    assert "ls_load8h(src + d0)" in src and "ls_load8h(src + e0)" in src  # prefill: keys/values staged
 
 
 def test_portable_conversion_without_f16c(lm):

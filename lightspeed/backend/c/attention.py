@@ -18,6 +18,7 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
 from ...kernel.fusion import _coef
+from .attention_skip import block_test, key_mask, pass_close, pass_open
 from ...ops import Op
 
 ROWS = 32  # query rows per work item: they share each staged block of keys and values
@@ -139,12 +140,12 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
     lines += ["        (void)row;",
               f"        const int64_t i0 = ib * {QB}, nr = ls_min({QB}, NI - i0);",
               f"        float m[{QB}], lsum[{QB}], s[{QB}][{KB}], ps[{QB}][{KB}], acc[{QB}][{EV}], vt[{KB}][{EV}];",
-              f"        int bad[{QB}];",
-              f"        for (int rr = 0; rr < {QB}; rr++) {{",
-              "            m[rr] = -INFINITY; lsum[rr] = 0.0f; bad[rr] = 0;",
-              f"            for (int e = 0; e < {EV}; e++) acc[rr][e] = 0.0f;",
-              f"            for (int jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
-              "        }"]
+              f"        int bad[{QB}];"]
+    init = [f"        for (int rr = 0; rr < {QB}; rr++) {{",
+            "            m[rr] = -INFINITY; lsum[rr] = 0.0f; bad[rr] = 0;",
+            f"            for (int e = 0; e < {EV}; e++) acc[rr][e] = 0.0f;",
+            f"            for (int jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
+            "        }"]
     if prod is not None:
         lines.append(f"        float kt[{prod.depth}][{KB}];")
     if _lanes_fit(t, prod, KB):  # the few-rows path: staged key rows and query rows
@@ -163,8 +164,11 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
                   "        }"]
         r.rename.pop(prod.red.var, None)
         r.rename.pop(t.i, None)
+    mask = key_mask(t)  # masked key blocks are skipped (pass 0) when that is exact, see attention_skip.py
+    lines += (pass_open() if mask else []) + init
     lines += [f"        for (int64_t j0 = 0; j0 < NJ; j0 += {KB}) {{",
               f"            const int64_t jn = ls_min({KB}, NJ - j0);"]
+    lines += block_test(r, t, mask) if mask else []
     r.rename[t.j] = "(j0 + jj)"
     r.rename[t.e] = "e"
     widths = _vector_widths(schedule)
@@ -174,8 +178,8 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
         lines += _online_update(t, C, KB)
         lines += _values(r, t, KB, widths)
         out_off = r.idx(_dense_offset(vars_, shape))
-        lines += ["        }",
-                  "        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
+        lines += ["        }"] + (pass_close(mask, float_literal(mask.masked), C) if mask else [])
+        lines += ["        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
                   "            const float inv = 1.0f / lsum[rr];",
                   f"            for (int64_t e = 0; e < {EV}; e++)",
                   f"                {r.buf(k.out)}[{out_off}] = NJ == 0 ? 0.0f : bad[rr] ? NAN : acc[rr][e] * inv;",
@@ -202,14 +206,7 @@ def _scores(r, t: AttentionKernel, prod: _Product | None, KB: int, widths) -> li
     r.rename[d] = "d"
     placeholder = sym.Var("attn_dot", 0, 0)
     try:
-        lines = [f"            for (int64_t jj = 0; jj < {KB}; jj++) {{",
-                 "                if (jj < jn) {",
-                 f"                    for (int64_t d = 0; d < {prod.depth}; d++) kt[d][jj] = {r.expr(prod.k)};",
-                 "                } else {",
-                 f"                    for (int64_t d = 0; d < {prod.depth}; d++) kt[d][jj] = 0.0f;",
-                 "                }",
-                 "            }"]
-        lines = (["            if (nr >= FEW_ROWS) {"] + lines
+        lines = (["            if (nr >= FEW_ROWS) {"] + _staged_keys(r, t, prod, KB)
                  + _conditional([(cond, _dot_tile(r, t, prod, KB, vb)) for cond, vb in widths]))
         r.rename[t.i] = "(i0 + rr)"
         # few query rows (decode): a register tile would mostly multiply zero rows and staging the keys
@@ -296,11 +293,7 @@ def _online_update(t: AttentionKernel, C: str, KB: int) -> list[str]:
 def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
     """acc[rr] += ps[rr][jj] * value(j): the block's value rows are staged once, then register tiles of
     rows by vectors accumulate them."""
-    lines = ["            if (nr >= FEW_ROWS) {",
-             "            for (int64_t jj = 0; jj < jn; jj++) {",
-             "                _Pragma(\"omp simd\")",
-             f"                for (int64_t e = 0; e < {t.width}; e++) vt[jj][e] = {r.expr(t.value)};",
-             "            }"]
+    lines = ["            if (nr >= FEW_ROWS) {"] + _staged_values(r, t, KB)
     lines += _conditional([(cond, _value_tile(t, vb)) for cond, vb in widths])
     if _lanes_fit(t, split_product(t), KB):
         return lines + ["            } else {"] + _few_rows_values(r, t) + ["            }"]
@@ -377,6 +370,79 @@ def _pad(ptrs: str, zero: str, L: int) -> str:
     return f"                for (int64_t jj = jn; jj < ((jn + {L - 1}) / {L}) * {L}; jj++) {ptrs}[jj] = {zero};"
 
 
+def _pick_source(r, x: ir.IR, var: sym.Var, pad: str) -> list[str]:
+    """Lines that point ``src`` at the row of ``x`` (kind "half" or "float", see ``_row_kind``) for the
+    current key, or at a zero row when no source is valid; ``nsrc`` counts the valid sources."""
+    half = _row_kind(x, var) == "half"
+    ctype, zero = ("_Float16", "ls_zero_row_h") if half else ("float", "ls_zero_row")
+    lines = [f"{pad}const {ctype} *src = {zero}; int nsrc = 0;"]
+    saved = r.rename.get(var)
+    r.rename[var] = "0"  # the row's address: its element 0
+    try:
+        for valid, load, _ in _row_sources(x, var):
+            take = f"src = &{r.buf(load.buf)}[{r.idx(load.offset)}]; nsrc++;"
+            lines.append(f"{pad}{take}" if valid is None else f"{pad}if ({r.idx(valid)}) {{ {take} }}")
+    finally:
+        if saved is None:
+            r.rename.pop(var, None)
+        else:
+            r.rename[var] = saved
+    return lines
+
+
+def _staged_keys(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str]:
+    """kt[d][jj] = key(j0 + jj, d), transposed for the register tiles (many query rows). A key row that
+    is one contiguous source is read a vector at a time (float16 widened with F16C) instead of element
+    by element through the whole expression."""
+    D, L = prod.depth, LANES
+    if not _lanes_fit(t, prod, KB) or _row_kind(prod.k, prod.red.var) == "staged":
+        return [f"            for (int64_t jj = 0; jj < {KB}; jj++) {{",
+                "                if (jj < jn) {",
+                f"                    for (int64_t d = 0; d < {D}; d++) kt[d][jj] = {r.expr(prod.k)};",
+                "                } else {",
+                f"                    for (int64_t d = 0; d < {D}; d++) kt[d][jj] = 0.0f;",
+                "                }",
+                "            }"]
+    load = "ls_load8h" if _row_kind(prod.k, prod.red.var) == "half" else "ls_load8"
+    return ([f"            for (int64_t jj = 0; jj < {KB}; jj++) {{",
+             "                if (jj < jn) {"] + _pick_source(r, prod.k, prod.red.var, " " * 20) +
+            ["                    if (nsrc <= 1) {",
+             f"                        for (int64_t d0 = 0; d0 < {D}; d0 += {L}) {{",
+             f"                            const ls_v8 x = {load}(src + d0);",
+             f"                            for (int l = 0; l < {L}; l++) kt[d0 + l][jj] = x[l];",
+             "                        }",
+             "                    } else {  /* overlapping sources: their sum, evaluated */",
+             f"                        for (int64_t d = 0; d < {D}; d++) kt[d][jj] = {r.expr(prod.k)};",
+             "                    }",
+             "                } else {",
+             f"                    for (int64_t d = 0; d < {D}; d++) kt[d][jj] = 0.0f;",
+             "                }",
+             "            }"])
+
+
+def _staged_values(r, t: AttentionKernel, KB: int) -> list[str]:
+    """vt[jj][e] = value(j0 + jj, e) for the register tiles (many query rows); contiguous rows are copied
+    a vector at a time (float16 widened with F16C)."""
+    E, L = t.width, LANES
+    if not _lanes_fit(t, split_product(t), KB) or _row_kind(t.value, t.e) == "staged":
+        return ["            for (int64_t jj = 0; jj < jn; jj++) {",
+                "                _Pragma(\"omp simd\")",
+                f"                for (int64_t e = 0; e < {E}; e++) vt[jj][e] = {r.expr(t.value)};",
+                "            }"]
+    load = "ls_load8h" if _row_kind(t.value, t.e) == "half" else "ls_load8"
+    return (["            for (int64_t jj = 0; jj < jn; jj++) {"] + _pick_source(r, t.value, t.e, " " * 16) +
+            ["                if (nsrc <= 1) {",
+             f"                    for (int64_t e0 = 0; e0 < {E}; e0 += {L}) {{",
+             f"                        const ls_v8 x = {load}(src + e0);",
+             "                        memcpy(&vt[jj][e0], &x, sizeof x);",
+             "                    }",
+             "                } else {  /* overlapping sources: their sum, evaluated */",
+             "                    _Pragma(\"omp simd\")",
+             f"                    for (int64_t e = 0; e < {E}; e++) vt[jj][e] = {r.expr(t.value)};",
+             "                }",
+             "            }"])
+
+
 def _row_pointers(r, x: ir.IR, var: sym.Var, size: int, ptrs: str, stage: str, L: int, body) -> list[str]:
     """Point ``ptrs[jj]`` at key/value row jj of the block (``size`` elements), then ``body(ptrs, load)``:
     the lines that read the rows with ``load`` (ls_load8 for float rows, ls_load8h for float16 rows).
@@ -392,20 +458,7 @@ def _row_pointers(r, x: ir.IR, var: sym.Var, size: int, ptrs: str, stage: str, L
     hp = f"{ptrs}h" if half else ptrs
     ctype, zero = ("_Float16", "ls_zero_row_h") if half else ("float", "ls_zero_row")
     lines = ([f"                int {ptrs}_staged = 0;"] if half else []) + [
-        "                for (int64_t jj = 0; jj < jn; jj++) {",
-        f"                    const {ctype} *src = {zero}; int nsrc = 0;"]
-    saved = r.rename.get(var)
-    r.rename[var] = "0"  # the row's address: its element 0
-    try:
-        for valid, load, _ in _row_sources(x, var):
-            take = f"src = &{r.buf(load.buf)}[{r.idx(load.offset)}]; nsrc++;"
-            lines.append(f"                    {take}" if valid is None else
-                         f"                    if ({r.idx(valid)}) {{ {take} }}")
-    finally:
-        if saved is None:
-            r.rename.pop(var, None)
-        else:
-            r.rename[var] = saved
+        "                for (int64_t jj = 0; jj < jn; jj++) {"] + _pick_source(r, x, var, " " * 20)
     if half:
         lines += [f"                    {ptrs}_staged |= nsrc > 1;", f"                    {hp}[jj] = src;",
                   "                }", _pad(hp, zero, L),
