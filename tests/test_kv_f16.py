@@ -58,15 +58,18 @@ def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, kv_update):
     c16 = compile_step(lm, kv_update=kv_update)
     got, caches = run_all(c16)
     want, ref_caches = run_all(compile_step(lm, "reference", kv_update))
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # float32 arithmetic in another order (~1e-6) may round a key or value to the neighbouring float16
+    # (one ulp, ~1e-3 relative), which later layers and steps carry on: measured up to 8e-4 on logits of
+    # ~6 (seeds 3-5), against 3e-3 to 6e-3 between the float16 and float32 caches
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
     f32, caches32 = run_all(compile_step(lm, kv_update=kv_update, kv_dtype="float32"))
-    # the caches really are float16: half the bytes, the same rows as the reference's (to one f16 ulp)
+    # the caches really are float16: half the bytes, the same rows as the reference's
     assert all(a.dtype == np.float16 for a in caches.values()) and len(caches) == 2 * SHAPE["layers"]
     for name, a in caches.items():
         assert a.nbytes * 2 == caches32[name].nbytes
         np.testing.assert_allclose(a[:len(TOKENS)].astype(np.float32), ref_caches[name][:len(TOKENS)],
-                                   rtol=1e-3, atol=1e-4)
-    # layer 0's rows depend on the tokens alone: the float32 cache's rows rounded (to one f16 ulp)
+                                   rtol=4e-3, atol=2e-3)
+    # layer 0's rows depend on the tokens alone: the float32 cache's rows rounded (within one f16 ulp)
     for name in ("k0", "v0"):
         np.testing.assert_allclose(caches[name][:len(TOKENS)].astype(np.float32), caches32[name][:len(TOKENS)],
                                    rtol=1e-3, atol=1e-5)
