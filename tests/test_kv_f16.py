@@ -16,6 +16,7 @@ from tiny_gguf import SHAPE, write_tiny_llama
 
 from lightspeed import api, cli
 from lightspeed.backend.c.compiler import default_flags
+from lightspeed.backend.c.render import PRELUDE
 from lightspeed.models import load_model
 
 CTX = 24
@@ -48,13 +49,20 @@ def run_all(step) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     return np.concatenate(out), caches
 
 
+@pytest.fixture(scope="module")
+def f32_run(lm):
+    """The float32-cache program (rows mode): (step, logits, caches) of ``run_all``."""
+    step = compile_step(lm, kv_dtype="float32")
+    return (step, *run_all(step))
+
+
 def compile_step(lm, backend="c", kv_update="rows", kv_dtype="float16", **options):
     return lm.compile(CTX, max_chunk=8, last_only=False, backend=backend, kv_update=kv_update, kv_dtype=kv_dtype,
                       **options)
 
 
 @pytest.mark.parametrize("kv_update", ["rows", "scatter"])
-def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, kv_update):
+def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, f32_run, kv_update):
     c16 = compile_step(lm, kv_update=kv_update)
     got, caches = run_all(c16)
     want, ref_caches = run_all(compile_step(lm, "reference", kv_update))
@@ -62,7 +70,7 @@ def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, kv_update):
     # (one ulp, ~1e-3 relative), which later layers and steps carry on: measured up to 8e-4 on logits of
     # ~6 (seeds 3-5), against 3e-3 to 6e-3 between the float16 and float32 caches
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
-    f32, caches32 = run_all(compile_step(lm, kv_update=kv_update, kv_dtype="float32"))
+    _, f32, caches32 = f32_run
     # the caches really are float16: half the bytes, the same rows as the reference's
     assert all(a.dtype == np.float16 for a in caches.values()) and len(caches) == 2 * SHAPE["layers"]
     for name, a in caches.items():
@@ -91,10 +99,11 @@ def test_portable_conversion_without_f16c(lm):
     np.testing.assert_array_equal(portable, f16c)
 
 
-def test_f32_is_the_default_and_bad_types_are_refused(lm):
-    step = lm.compile(CTX, max_chunk=8)
+def test_f32_is_the_default_and_bad_types_are_refused(lm, f32_run):
+    step = f32_run[0]
     assert step.kv_dtype == "float32" and all(a.dtype == np.float32 for a in step.new_caches().values())
-    assert "ls_load8h(kph" not in step.program.executor.source
+    assert step.program.executor.source.count("ls_load8h(") == PRELUDE.count("ls_load8h(")  # only its definition
+    assert lm.build(CTX)[2][0].dtype.name == "float32"  # the default
     with pytest.raises(ValueError, match="kv_dtype"):
         lm.compile(CTX, kv_dtype="int8")
 
