@@ -129,6 +129,7 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
     prod = split_product(t)
     lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
              "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
+    lines += MACROS
     lines += [f"    {d}" for d in r.decls(k)]
     NI, NJ = r.idx(shape[-2]), r.idx(t.keys)
     lines += [f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
@@ -147,8 +148,23 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
             f"            for (int jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
             "        }"]
     if prod is not None:
-        lines.append(f"        float kt[{prod.depth}][{KB}];")
+        # the item's query rows, staged once for every key block of the tile path (rows past nr: zeros)
+        QP = -(-QB // 4) * 4  # a whole number of register-tile row groups (RB <= 4)
+        lines.append(f"        float kt[{prod.depth}][{KB}], qa[{QP}][{prod.depth}];")
+        r.rename[t.i] = "(i0 + rr)"
+        r.rename[prod.red.var] = "d"
+        lines += ["        if (nr >= FEW_ROWS) {",
+                  f"            for (int64_t rr = 0; rr < {QP}; rr++) {{",
+                  "                if (rr < nr) {",
+                  "                    _Pragma(\"omp simd\")",
+                  f"                    for (int64_t d = 0; d < {prod.depth}; d++) qa[rr][d] = {r.expr(prod.q)};",
+                  f"                }} else memset(qa[rr], 0, sizeof qa[rr]);",
+                  "            }",
+                  "        }"]
+        r.rename.pop(prod.red.var, None)
+        r.rename.pop(t.i, None)
     if _lanes_fit(t, prod, KB):  # the few-rows path: staged key rows and query rows
+        lines += ["        typedef int32_t ls_v8i __attribute__((vector_size(32)));"]
         lines += [f"        float kb[{KB}][{prod.depth}], qs[FEW_ROWS][{prod.depth}];",
                   f"        const float *kp[{KB}], *vp[{KB}];",
                   f"        const _Float16 *kph[{KB}], *vph[{KB}];  /* float16 rows read in place */",
@@ -236,8 +252,15 @@ def _scores(r, t: AttentionKernel, prod: _Product | None, KB: int, widths) -> li
     return lines
 
 
+def _keep(v: str, vb: int) -> str:
+    """Keep vector ``v`` in a register: gcc otherwise folds its load into each of the tile's FMAs that
+    use it, and the loads (one per FMA plus the broadcasts) then bound the loop, not the FMAs. Only in
+    the 32-byte tilings of AVX targets (x86: the "x" register constraint; see MACROS)."""
+    return f" LS_KEEP32({v});" if vb == 32 else ""
+
+
 def _dot_tile(r, t: AttentionKernel, prod: _Product, KB: int, vb: int) -> list[str]:
-    """s[g + u][kc + c*lanes ...] = sum_d q(i0 + g + u, d) * kt[d][...]: a register tile of RB rows by KV
+    """s[g + u][kc + c*lanes ...] = sum_d qa[g + u][d] * kt[d][...]: a register tile of RB rows by KV
     vectors (named variables, so they stay in registers), over all row groups and key chunks."""
     RB, KV = TILES[vb]
     LN = vb // 4
@@ -249,11 +272,9 @@ def _dot_tile(r, t: AttentionKernel, prod: _Product, KB: int, vb: int) -> list[s
              f"                for (int64_t kc = 0; kc < {KB}; kc += {step}) {{",
              "                    vec " + ", ".join(f"{x} = {{0}}" for row in acc for x in row) + ";",
              f"                    for (int64_t d = 0; d < {prod.depth}; d++) {{"]
-    for u in range(RB):
-        r.rename[t.i] = f"(i0 + g + {u})"
-        lines.append(f"                        const float q{u} = g + {u} < nr ? ({r.expr(prod.q)}) : 0.0f;")
+    lines += [f"                        const float q{u} = qa[g + {u}][d];" for u in range(RB)]
     for c in range(KV):
-        lines.append(f"                        vec k{c}; memcpy(&k{c}, &kt[d][kc + {c * LN}], {vb});")
+        lines.append(f"                        vec k{c}; memcpy(&k{c}, &kt[d][kc + {c * LN}], {vb});{_keep(f'k{c}', vb)}")
         lines += [f"                        {acc[u][c]} += q{u} * k{c};" for u in range(RB)]
     lines.append("                    }")
     for u in range(RB):
@@ -391,11 +412,12 @@ def _pick_source(r, x: ir.IR, var: sym.Var, pad: str) -> list[str]:
 
 
 def _staged_keys(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str]:
-    """kt[d][jj] = key(j0 + jj, d), transposed for the register tiles (many query rows). A key row that
-    is one contiguous source is read a vector at a time (float16 widened with F16C) instead of element
-    by element through the whole expression."""
+    """kt[d][jj] = key(j0 + jj, d), transposed for the register tiles (many query rows). Key rows are
+    pointed to as in the few-rows path (read in place when one contiguous source, float16 widened with
+    F16C, else evaluated into rows first), then 8 keys x 8 dims at a time are transposed in registers
+    and stored as whole vectors."""
     D, L = prod.depth, LANES
-    if not _lanes_fit(t, prod, KB) or _row_kind(prod.k, prod.red.var) == "staged":
+    if not _lanes_fit(t, prod, KB):
         return [f"            for (int64_t jj = 0; jj < {KB}; jj++) {{",
                 "                if (jj < jn) {",
                 f"                    for (int64_t d = 0; d < {D}; d++) kt[d][jj] = {r.expr(prod.k)};",
@@ -403,21 +425,62 @@ def _staged_keys(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str]:
                 f"                    for (int64_t d = 0; d < {D}; d++) kt[d][jj] = 0.0f;",
                 "                }",
                 "            }"]
-    load = "ls_load8h" if _row_kind(prod.k, prod.red.var) == "half" else "ls_load8"
-    return ([f"            for (int64_t jj = 0; jj < {KB}; jj++) {{",
-             "                if (jj < jn) {"] + _pick_source(r, prod.k, prod.red.var, " " * 20) +
-            ["                    if (nsrc <= 1) {",
-             f"                        for (int64_t d0 = 0; d0 < {D}; d0 += {L}) {{",
-             f"                            const ls_v8 x = {load}(src + d0);",
-             f"                            for (int l = 0; l < {L}; l++) kt[d0 + l][jj] = x[l];",
-             "                        }",
-             "                    } else {  /* overlapping sources: their sum, evaluated */",
-             f"                        for (int64_t d = 0; d < {D}; d++) kt[d][jj] = {r.expr(prod.k)};",
-             "                    }",
-             "                } else {",
-             f"                    for (int64_t d = 0; d < {D}; d++) kt[d][jj] = 0.0f;",
-             "                }",
-             "            }"])
+
+    def body(ptrs: str, load: str) -> list[str]:
+        xs = [f"x{u}" for u in range(L)]
+        lines = [f"                for (int64_t j8 = 0; j8 < {KB}; j8 += {L}) {{",
+                 "                    if (j8 >= jn) {",
+                 f"                        for (int64_t d = 0; d < {D}; d++) memset(&kt[d][j8], 0, {4 * L});",
+                 "                        continue;",
+                 "                    }",
+                 f"                    for (int64_t d0 = 0; d0 < {D}; d0 += {L}) {{",
+                 "                        const ls_v8 " + ", ".join(f"x{u} = {load}({ptrs}[j8 + {u}] + d0)"
+                                                             for u in range(L)) + ";"]
+        lines += ["                        " + ln for ln in _transpose8(xs, "c")]
+        lines += [f"                        memcpy(&kt[d0 + {u}][j8], &c{u}, sizeof c{u});" for u in range(L)]
+        return lines + ["                    }", "                }"]
+    return ["            {"] + _row_pointers(r, prod.k, prod.red.var, D, "kp", "kb", L, body) + ["            }"]
+
+
+def _transpose8(x: list[str], out: str) -> list[str]:
+    """C statements: ``{out}u`` (u < 8) = lane u of each of the 8 vectors ``x`` (an 8 x 8 transpose in
+    three rounds of two-input shuffles: pairs interleaved, pairs of pairs, halves)."""
+    def shuf(a: str, b: str, idx: list[int]) -> str:
+        return f"LS_SHUF8({a}, {b}, {', '.join(map(str, idx))})"
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    lo2, hi2 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    lo4, hi4 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+    u = []
+    for k in range(0, 8, 2):
+        u += [shuf(x[k], x[k + 1], lo), shuf(x[k], x[k + 1], hi)]
+    lines = ["const ls_v8 " + ", ".join(f"{out}u{k} = {e}" for k, e in enumerate(u)) + ";"]
+    v = {}
+    for base in (0, 4):  # u[base], u[base+2] hold lanes (0,1 | 4,5); u[base+1], u[base+3] lanes (2,3 | 6,7)
+        v[base + 0] = shuf(f"{out}u{base}", f"{out}u{base + 2}", lo2)
+        v[base + 1] = shuf(f"{out}u{base}", f"{out}u{base + 2}", hi2)
+        v[base + 2] = shuf(f"{out}u{base + 1}", f"{out}u{base + 3}", lo2)
+        v[base + 3] = shuf(f"{out}u{base + 1}", f"{out}u{base + 3}", hi2)
+    lines.append("const ls_v8 " + ", ".join(f"{out}v{k} = {v[k]}" for k in range(8)) + ";")
+    cols = {}
+    for k in range(4):  # v[k] holds lanes k and k + 4 of rows 0-3, v[k + 4] the same of rows 4-7
+        cols[k] = shuf(f"{out}v{k}", f"{out}v{k + 4}", lo4)
+        cols[k + 4] = shuf(f"{out}v{k}", f"{out}v{k + 4}", hi4)
+    lines.append("const ls_v8 " + ", ".join(f"{out}{k} = {cols[k]}" for k in range(8)) + ";")
+    return lines
+
+
+MACROS = [  # emitted in every kernel (identical redefinitions are allowed)
+    "#if defined(__AVX__)",
+    "#define LS_KEEP32(v) __asm__(\"\" : \"+x\"(v))",
+    "#else",
+    "#define LS_KEEP32(v) ((void)0)",
+    "#endif",
+    # two-input shuffles of ls_v8
+    "#if defined(__clang__)",
+    "#define LS_SHUF8(a, b, ...) __builtin_shufflevector((a), (b), __VA_ARGS__)",
+    "#else",
+    "#define LS_SHUF8(a, b, ...) __builtin_shuffle((a), (b), (ls_v8i){__VA_ARGS__})",
+    "#endif"]
 
 
 def _staged_values(r, t: AttentionKernel, KB: int) -> list[str]:
@@ -535,7 +598,7 @@ def _value_tile(t: AttentionKernel, vb: int) -> list[str]:
     lines.append("                    for (int64_t jj = 0; jj < jn; jj++) {")
     lines += [f"                        const float w{u} = ps[g + {u}][jj];" for u in range(RB)]
     for c in range(EVV):
-        lines.append(f"                        vec v{c}; memcpy(&v{c}, &vt[jj][ec + {c * LN}], {vb});")
+        lines.append(f"                        vec v{c}; memcpy(&v{c}, &vt[jj][ec + {c * LN}], {vb});{_keep(f'v{c}', vb)}")
         lines += [f"                        {acc[u][c]} += w{u} * v{c};" for u in range(RB)]
     lines.append("                    }")
     lines += [f"                    memcpy(&acc[g + {u}][ec + {c * LN}], &{acc[u][c]}, {vb});"
