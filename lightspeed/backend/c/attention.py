@@ -297,7 +297,7 @@ def _online_update(t: AttentionKernel, C: str, KB: int) -> list[str]:
             f"                    for (int64_t jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
             "                    continue;",
             "                }",
-            f"                const float alpha = ls_exp2f((m[rr] - mn) * {C});",
+            f"                const float alpha = mn == m[rr] ? 1.0f : ls_exp2f((m[rr] - mn) * {C});  /* (exact) */",
             "                float bsum = 0.0f;",
             "                _Pragma(\"omp simd reduction(+:bsum)\")",
             "                for (int64_t jj = 0; jj < jn; jj++) {",
@@ -305,8 +305,10 @@ def _online_update(t: AttentionKernel, C: str, KB: int) -> list[str]:
             "                }",
             f"                for (int64_t jj = jn; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
             "                lsum[rr] = lsum[rr] * alpha + bsum;",
-            "                _Pragma(\"omp simd\")",
-            f"                for (int64_t e = 0; e < {t.width}; e++) acc[rr][e] *= alpha;",
+            "                if (alpha != 1.0f) {  /* the max grew: rescale what was accumulated */",
+            "                    _Pragma(\"omp simd\")",
+            f"                    for (int64_t e = 0; e < {t.width}; e++) acc[rr][e] *= alpha;",
+            "                }",
             "                m[rr] = mn;",
             "            }"]
 
