@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import dtypes as dt
 from .. import symbolic as sym
 from ..graph import Node
 from ..ops import Op
@@ -47,6 +48,9 @@ def activation_scratch_layout(rows: int, k: int, mode: str = "int8") -> tuple[in
 
 TEMPLATE_QTYPES = {QType.Q8_0: "q8_0", QType.Q4_0: "q4_0", QType.Q4_1: "q4_1", QType.Q5_0: "q5_0",
                    QType.Q4_K: "q4_k", QType.Q6_K: "q6_k"}
+# half-precision weights read as they are stored (``x @ w.cast(float32).T``, w float16 / bfloat16 [N, K])
+HALF_QTYPES = {QType.F16: "f16", QType.BF16: "bf16"}
+_HALF_DTYPES = {"float16": QType.F16, "bfloat16": QType.BF16}
 
 
 @dataclass
@@ -55,7 +59,7 @@ class QuantizedMatmul:
 
     reduce: Node
     x: Node  # float32, dense [rows, in_features]
-    raw: Node  # uint8 [out_features, row_bytes], an input or embedded constant
+    raw: Node  # uint8 [out_features, row_bytes] (F16/BF16: the weights [out_features, in_features]), input or constant
     qtype: QType
     rows: sym.sint
     in_features: int
@@ -88,10 +92,14 @@ def match_quantized_matmul(r: Node, lowerings: dict) -> QuantizedMatmul | None:
     for wi in (0, 1):
         wnode, wst = operands[wi]
         xnode, xst = operands[1 - wi]
-        info = lowerings.get(wnode.id)
-        if info is None or info.qtype not in TEMPLATE_QTYPES or info.cols != k or not sym.same(info.rows, n):
-            continue
-        raw, raw_st = info.raw_node, info.raw_view
+        qtype = _half_weight(wnode, k, n)
+        if qtype is not None:  # w.cast(float32) of a dense float16 / bfloat16 [n, k] array
+            raw, raw_st = wnode.srcs[0]
+        else:
+            info = lowerings.get(wnode.id)
+            if info is None or info.qtype not in TEMPLATE_QTYPES or info.cols != k or not sym.same(info.rows, n):
+                continue
+            qtype, raw, raw_st = info.qtype, info.raw_node, info.raw_view
         if raw.op not in (Op.CONST, Op.INPUT) or not _identity(raw_st, raw.shape):
             continue
         w_off, w_ok = wst.index([mv, rv, jv])
@@ -105,5 +113,17 @@ def match_quantized_matmul(r: Node, lowerings: dict) -> QuantizedMatmul | None:
         # (a single row has no row term: size-1 axes are not indexed)
         if not sym.same(x_off, sym.add(0 if sym.same(rows, 1) else sym.mul(mv, k), rv)):
             continue
-        return QuantizedMatmul(r, xnode, raw, info.qtype, rows, k, n)
+        return QuantizedMatmul(r, xnode, raw, qtype, rows, k, n)
     return None
+
+
+def _half_weight(w: Node, k: int, n: sym.sint) -> QType | None:
+    """F16 / BF16 when ``w`` is a float32 cast of a float16 / bfloat16 array of shape [n, k] with k a multiple
+    of 8 (the kernels' vector width; other k keep the generic loops); the caller proves the array's view."""
+    if w.op is not Op.CAST or w.dtype is not dt.float32 or len(w.srcs) != 1 or k % 8:
+        return None
+    src = w.srcs[0][0]
+    qtype = _HALF_DTYPES.get(src.dtype.name)
+    if qtype is None or len(src.shape) != 2 or not sym.same(src.shape[0], n) or not sym.same(src.shape[1], k):
+        return None
+    return qtype

@@ -17,11 +17,11 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
-from ...kernel.quantized import TEMPLATE_QTYPES, activation_scratch_layout
+from ...kernel.quantized import HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout
 from ...quant import QType, block_format
 from ...ops import Op
 
-PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h"))
+PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row group)
@@ -319,6 +319,8 @@ class KernelRenderer:
         weights come from memory once per call; with a single row group (decode, batched decode) nothing
         is re-read, and smaller items spread the weight stream evenly over the threads."""
         q = k.template
+        if q.qtype in HALF_QTYPES:
+            return self.half_matmul(k)
         fmt = block_format(q.qtype)
         E, BB = fmt.block_elems, fmt.block_bytes
         K = q.in_features
@@ -376,6 +378,39 @@ class KernelRenderer:
         work = f"(M * N * {K}LL)"
         call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
                 f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
+        return "\n".join(lines), call
+
+    def half_matmul(self, k: ir.Kernel) -> tuple[str, str]:
+        """out[m, n] = sum_k x[m, k] * w[n, k] for float16 / bfloat16 weights, widened in registers by hgemm.h
+        (F16C / a shift on AVX2, else its portable form with the same bits). Work items are chunks of
+        weight rows, sized as for the quantized formats (2 bytes a weight)."""
+        q = k.template
+        tname, K = HALF_QTYPES[q.qtype], q.in_features
+        x_buf, w_buf = k.template_reads
+        M, N = self.idx(q.rows), self.idx(q.out_features)
+        row_bytes = 2 * K
+        rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
+        rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
+        rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
+        args = f"(w + n0 * {K}LL, xs, M, {K}, n1 - n0, out + n0, N);"
+        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
+                 "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
+        lines += [f"    {d}" for d in self.decls(k)]
+        lines += [
+            f"    const int64_t M = {M}, N = {N}, R = {rows_per_item};",
+            f"    const uint16_t *restrict w = (const uint16_t *){self.buf(w_buf)};",
+            f"    const float *restrict xs = {self.buf(x_buf)};",
+            f"    float *restrict out = {self.buf(k.out)};",
+            "    for (int64_t p = p0; p < p1; p++) {",
+            "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);",
+            f"#if defined(LS_HAVE_HGEMM_{tname.upper()}) && !defined(LS_PORTABLE)",
+            f"        ls_hgemm_{tname}{args}",
+            "#else",
+            f"        ls_hgemm_portable_{tname}{args}",
+            "#endif",
+            "    }", "}"]
+        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;\n"
+                f"      if ((M * N * {K}LL) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
 
     @staticmethod

@@ -1,0 +1,102 @@
+"""The fused matmul for float16 / bfloat16 weights (``x @ w.cast(float32).T``, backend/c/hgemm.h): it is
+chosen for a dense [N, K] weight, matches the reference interpreter on the SIMD and the portable path, each
+row gives the same bits alone and in any batch, on an AVX2 machine the portable path gives the SIMD bits,
+and a weight that is not a dense [N, K] view is left to the generic loops (and still computes right)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lightspeed as ls
+from lightspeed import dtypes as dt
+
+DTYPES = {"f16": dt.float16, "bf16": dt.bfloat16}
+ROWS = (1, 2, 7, 8, 9, 37)  # decode, batched decode (every few-row width), past it (the panel path)
+N = 37  # odd: not a multiple of any kernel's weight-row group
+
+
+def _avx2_f16c_without_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(f in flags for f in ("avx2", "fma", "f16c")) and "avx512f" not in flags
+
+
+def half_array(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random weights stored as float16, or as bfloat16 bits (uint16), as the graph constant holds them."""
+    w = rng.standard_normal(shape).astype(np.float32) * 0.1
+    return w.astype(np.float16) if name == "f16" else dt.f32_to_bf16(w)
+
+
+def build(name: str, wv: np.ndarray, k: int, view=None) -> tuple[ls.Graph, object]:
+    g = ls.Graph()
+    x = g.input("x", (ls.dim("seq", 1, 64), k))
+    w = g.constant(wv, dtype=DTYPES[name])
+    if view is not None:
+        w = view(w)
+    return g, x.linear(w.cast(dt.float32))
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+@pytest.mark.parametrize("k", [8, 40, 584])  # one vector; a tail after a cache line; two K chunks (296 + 288)
+def test_half_matmul_matches_reference_and_is_batch_independent(name: str, k: int) -> None:
+    rng = np.random.default_rng(k + len(name))
+    g, y = build(name, half_array(name, (N, k), rng), k)
+    ref = g.compile([y], backend="reference")
+    simd = g.compile([y], backend="c")
+    portable = g.compile([y], backend="c", portable=True)
+    for prog in (simd, portable):
+        assert f"ls_hgemm_{name}(w" in prog.executor.source  # the lowered kernel is chosen
+    xv = rng.standard_normal((max(ROWS), k)).astype(np.float32)
+    full = {tag: prog(x=xv)[0] for tag, prog in (("simd", simd), ("portable", portable))}
+    for m in ROWS:
+        (want,) = ref(x=xv[:m])
+        for tag, prog in (("simd", simd), ("portable", portable)):
+            (got,) = prog(x=xv[:m])
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=tag)
+            np.testing.assert_array_equal(got, full[tag][:m], err_msg=f"{tag}: rows changed with the batch")
+    for r in (0, 5, 8, 36):  # a row alone gives the bits it has in the batch of 37
+        for tag, prog in (("simd", simd), ("portable", portable)):
+            np.testing.assert_array_equal(prog(x=xv[r:r + 1])[0][0], full[tag][r], err_msg=tag)
+    if _avx2_f16c_without_avx512():  # the AVX2 kernels and the portable form share one summation order
+        np.testing.assert_array_equal(full["simd"], full["portable"])
+
+
+def _widen(name: str, a: np.ndarray) -> np.ndarray:
+    return (a if name == "f16" else dt.bf16_to_f32(a)).astype(np.float64)
+
+
+@pytest.mark.parametrize("name", sorted(DTYPES))
+@pytest.mark.parametrize("view", ["transposed", "sliced"])
+def test_non_dense_weight_view_is_not_lowered(name: str, view: str) -> None:
+    """w stored [K, N] and transposed, or a column slice of a wider array: no dense [N, K] rows to stream."""
+    rng = np.random.default_rng(3)
+    k = 40
+    if view == "transposed":
+        stored = half_array(name, (k, N), rng)
+        dense = stored.T
+        fn = lambda w: w.T  # noqa: E731
+    else:
+        stored = half_array(name, (N, k + 8), rng)
+        dense = stored[:, 4:4 + k]
+        fn = lambda w: w[:, 4:4 + k]  # noqa: E731
+    g, y = build(name, stored, k, fn)
+    prog = g.compile([y], backend="c")
+    assert "ls_hgemm_" not in prog.executor.source.split("typedef struct { const ls_args")[-1]
+    xv = rng.standard_normal((9, k)).astype(np.float32)
+    want = xv.astype(np.float64) @ _widen(name, dense).T
+    np.testing.assert_allclose(prog(x=xv)[0], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_k_not_a_multiple_of_8_keeps_generic_loops() -> None:
+    rng = np.random.default_rng(5)
+    k = 37
+    wv = half_array("f16", (N, k), rng)
+    g, y = build("f16", wv, k)
+    prog = g.compile([y], backend="c")
+    assert "ls_hgemm_" not in prog.executor.source.split("typedef struct { const ls_args")[-1]
+    xv = rng.standard_normal((3, k)).astype(np.float32)
+    want = xv.astype(np.float64) @ wv.astype(np.float64).T
+    np.testing.assert_allclose(prog(x=xv)[0], want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
