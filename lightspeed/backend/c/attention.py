@@ -17,6 +17,7 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
+from ...kernel.attention_mask import ir_vars
 from ...kernel.fusion import _coef
 from .attention_skip import block_test, key_mask, pass_close, pass_open
 from ...ops import Op
@@ -28,22 +29,6 @@ KEYS = 32  # keys per streamed block (a multiple of 16)
 TILES = {64: (4, 4), 32: (4, 2), 16: (4, 2)}
 FEW_ROWS = 4  # a work item with fewer query rows than this (decode) computes dot products row by row
 VECTOR_BYTES = 0  # 0: one tiling per vector width, chosen by the compiler's target; else only this width
-
-
-def _ir_vars(x: ir.IR) -> set[sym.Var]:
-    out: set[sym.Var] = set()
-    for y in x.walk():
-        if isinstance(y, ir.Load):
-            out |= sym.free_vars(y.offset)
-        elif isinstance(y, ir.Index):
-            out |= sym.free_vars(y.expr)
-        elif isinstance(y, ir.Select):
-            out |= sym.free_vars(y.valid)
-        elif isinstance(y, ir.Reduce):
-            out |= sym.free_vars(y.size)
-        elif isinstance(y, ir.Gather):
-            out |= sym.free_vars(y.rows)
-    return out
 
 
 def _replace(x: ir.IR, target: ir.IR, new: ir.IR) -> ir.IR:
@@ -86,7 +71,7 @@ def split_product(t: AttentionKernel) -> _Product | None:
         if any(a.dtype is not dt.float32 for a in body.args):
             continue
         for qa, kb in (body.args, tuple(reversed(body.args))):
-            if t.j not in _ir_vars(qa) and t.i not in _ir_vars(kb):
+            if t.j not in ir_vars(qa) and t.i not in ir_vars(kb):
                 return _Product(red, qa, kb, int(red.size))
     return None
 
