@@ -119,8 +119,12 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
     NI, NJ = r.idx(shape[-2]), r.idx(t.keys)
     lines += [f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
               f"    const int64_t NI = {NI}, NJ = {NJ}, IB = (NI + {QB - 1}) / {QB};",
+              f"    const int64_t NT = ({r.idx(sym.prod(shape[:-2])) if prefix else '1'}) * IB;  (void)NT;",
               "    for (int64_t p = p0; p < p1; p++) {",
-              "        int64_t row = p / IB;", "        const int64_t ib = p % IB;"]
+              # items alternate from both ends (0, NT-1, 1, NT-2, ...): a causal mask makes later row blocks
+              # dearer, and the pool hands out runs of consecutive items, so each run gets a mix
+              "        const int64_t q = (p & 1) ? NT - 1 - (p >> 1) : (p >> 1);",
+              "        int64_t row = q / IB;", "        const int64_t ib = q % IB;"]
     for v, sz in reversed(list(zip(prefix, shape[:-2]))):
         lines.append(f"        const int64_t {r.var(v)} = row % {r.idx(sz)}; row /= {r.idx(sz)};")
     lines += ["        (void)row;",
