@@ -39,29 +39,40 @@ def build(name: str, wv: np.ndarray, k: int, view=None) -> tuple[ls.Graph, objec
     return g, x.linear(w.cast(dt.float32))
 
 
+KS = (8, 40, 584, 1032)  # one vector; a tail after a cache line; two K chunks (296 + 288); 4 rows of x past L1
+
+
 @pytest.mark.parametrize("name", sorted(DTYPES))
-@pytest.mark.parametrize("k", [8, 40, 584])  # one vector; a tail after a cache line; two K chunks (296 + 288)
-def test_half_matmul_matches_reference_and_is_batch_independent(name: str, k: int) -> None:
-    rng = np.random.default_rng(k + len(name))
-    g, y = build(name, half_array(name, (N, k), rng), k)
-    ref = g.compile([y], backend="reference")
-    simd = g.compile([y], backend="c")
-    portable = g.compile([y], backend="c", portable=True)
-    for prog in (simd, portable):
-        assert f"ls_hgemm_{name}(w" in prog.executor.source  # the lowered kernel is chosen
-    xv = rng.standard_normal((max(ROWS), k)).astype(np.float32)
-    full = {tag: prog(x=xv)[0] for tag, prog in (("simd", simd), ("portable", portable))}
+def test_half_matmul_matches_reference_and_is_batch_independent(name: str) -> None:
+    rng = np.random.default_rng(len(name))
+    g = ls.Graph()
+    seq = ls.dim("seq", 1, 64)
+    ys = [g.input(f"x{k}", (seq, k)).linear(g.constant(half_array(name, (N, k), rng), dtype=DTYPES[name])
+                                             .cast(dt.float32)) for k in KS]  # one program, one compile per path
+    ref = g.compile(ys, backend="reference")
+    simd = g.compile(ys, backend="c")
+    portable = g.compile(ys, backend="c", portable=True)
+    for prog in (simd, portable):  # the lowered kernel is chosen for every matmul
+        assert prog.executor.source.count(f"ls_hgemm_{name}(w") == len(KS)
+    xv = {f"x{k}": rng.standard_normal((max(ROWS), k)).astype(np.float32) for k in KS}
+
+    def rows(sel) -> dict:
+        return {key: v[sel] for key, v in xv.items()}
+    full = {tag: prog(**xv) for tag, prog in (("simd", simd), ("portable", portable))}
     for m in ROWS:
-        (want,) = ref(x=xv[:m])
+        want = ref(**rows(slice(0, m)))
         for tag, prog in (("simd", simd), ("portable", portable)):
-            (got,) = prog(x=xv[:m])
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()), err_msg=tag)
-            np.testing.assert_array_equal(got, full[tag][:m], err_msg=f"{tag}: rows changed with the batch")
+            for k, got, w, f in zip(KS, prog(**rows(slice(0, m))), want, full[tag]):
+                np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()),
+                                           err_msg=f"{tag} k={k} m={m}")
+                np.testing.assert_array_equal(got, f[:m], err_msg=f"{tag} k={k}: rows changed with the batch")
     for r in (0, 5, 8, 36):  # a row alone gives the bits it has in the batch of 37
         for tag, prog in (("simd", simd), ("portable", portable)):
-            np.testing.assert_array_equal(prog(x=xv[r:r + 1])[0][0], full[tag][r], err_msg=tag)
+            for k, got, f in zip(KS, prog(**rows(slice(r, r + 1))), full[tag]):
+                np.testing.assert_array_equal(got[0], f[r], err_msg=f"{tag} k={k}")
     if _avx2_f16c_without_avx512():  # the AVX2 kernels and the portable form share one summation order
-        np.testing.assert_array_equal(full["simd"], full["portable"])
+        for a, b in zip(full["simd"], full["portable"]):
+            np.testing.assert_array_equal(a, b)
 
 
 def _widen(name: str, a: np.ndarray) -> np.ndarray:
