@@ -17,14 +17,14 @@ from a GGUF vocabulary by ``gguf_vocab.backend_from_gguf``.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from tokenizers import Tokenizer as Backend
+if TYPE_CHECKING:  # the tokenizers library is imported when a tokenizer is built (~4 MB resident)
+    from tokenizers import Tokenizer as Backend
 
 from .chat_template import render_chat
 from .errors import ModelFormatError
 from .gguf import GGUFFile, load_gguf
-from .gguf_vocab import backend_from_gguf
 
 REPLACEMENT = "\ufffd"
 
@@ -94,6 +94,7 @@ class Tokenizer:
         stops = [i for i, t in enumerate(info.tokens) if t in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>",
                                                                 "<|end|>", "<|endoftext|>")
                  and info.token_types and info.token_types[i] == 3]
+        from .gguf_vocab import backend_from_gguf
         return cls(backend_from_gguf(info, gf.path), bos_token=name(info.bos_id), eos_token=name(info.eos_id),
                    pad_token=name(info.pad_id), chat_template=info.chat_template, extra_stop_ids=stops,
                    source=gf.path)
@@ -106,6 +107,7 @@ class Tokenizer:
         of generation_config.json (both optional dicts)."""
         path = os.fspath(tokenizer_json)
         try:
+            from tokenizers import Tokenizer as Backend
             backend = Backend.from_file(path)
         except Exception as e:  # tokenizers raises a plain Exception for malformed files
             raise ModelFormatError(path, f"cannot load tokenizer: {e}") from None
