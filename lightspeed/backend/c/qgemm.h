@@ -1,5 +1,5 @@
-/* Quantized matmul out[m, n] = sum_k x[m, k] * w[n, k] for the 32-element block formats (q8_0, q4_0, q4_1),
- * with one summation order for every row count, so that a row's result is bit-identical alone (decode) and
+/* Quantized matmul out[m, n] = sum_k x[m, k] * w[n, k] for the block formats q8_0, q4_0, q4_1, q5_0 and the
+ * 256-element q4_k and q6_k (handled as 8 blocks of 32 per super-block), with one summation order for every row count, so that a row's result is bit-identical alone (decode) and
  * in any batch (batched decode, prefill):
  *   - the weights are decoded with their scale (and q4_1's min) applied: w = d * q (q4_1: fma(d, q, m));
  *   - K is cut into chunks of ls_qg_chunk_blocks(nblk) blocks (a function of K only);
@@ -35,24 +35,73 @@ static inline int64_t ls_qg_chunk_blocks(int64_t nblk) {
 #define LS_QG_FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
-/* portable decoders with the scale applied, the same values as the vector ones */
-static inline void ls_qg_dq_q8_0(const uint8_t *b, float *restrict w) {
+/* Portable decoders of block j (of 32 elements) of a super-block b, scale applied, the same values as the
+ * vector ones (the 32-element formats have one block per super-block: j is 0) */
+static inline void ls_qg_dq_q8_0(const uint8_t *b, int j, float *restrict w) {
+    (void)j;
     const float d = ls_f16(b);
     const int8_t *q = (const int8_t *)(b + 2);
     for (int i = 0; i < 32; i++) w[i] = d * (float)q[i];
 }
-static inline void ls_qg_dq_q4_0(const uint8_t *b, float *restrict w) {
+static inline void ls_qg_dq_q4_0(const uint8_t *b, int j, float *restrict w) {
+    (void)j;
     const float d = ls_f16(b);
     for (int i = 0; i < 16; i++) {
         w[i] = d * (float)((int)(b[2 + i] & 15) - 8);
         w[i + 16] = d * (float)((int)(b[2 + i] >> 4) - 8);
     }
 }
-static inline void ls_qg_dq_q4_1(const uint8_t *b, float *restrict w) {
+static inline void ls_qg_dq_q4_1(const uint8_t *b, int j, float *restrict w) {
+    (void)j;
     const float d = ls_f16(b), m = ls_f16(b + 2);
     for (int i = 0; i < 16; i++) {
         w[i] = LS_QG_FMA(d, (float)(b[4 + i] & 15), m);
         w[i + 16] = LS_QG_FMA(d, (float)(b[4 + i] >> 4), m);
+    }
+}
+
+/* q5_0: d * ((nibble | high bit << 4) - 16), the high bit of element i being bit i of qh */
+static inline void ls_qg_dq_q5_0(const uint8_t *b, int j, float *restrict w) {
+    (void)j;
+    const float d = ls_f16(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    for (int i = 0; i < 16; i++) {
+        w[i] = d * (float)((int)((b[6 + i] & 15) | (((qh >> i) & 1u) << 4)) - 16);
+        w[i + 16] = d * (float)((int)((b[6 + i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - 16);
+    }
+}
+/* q4_k block j: its 6-bit scale s and min m, packed in the super-block's 12 scale bytes */
+static inline void ls_qg_q4_k_sm(const uint8_t *sc, int j, int *s, int *m) {
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+/* q4_k block j: fma(d * s, nibble, -(dmin * m)); the nibbles of blocks 2c and 2c + 1 share the 32 bytes
+ * qs[32c..32c+31] (low, high) */
+static inline void ls_qg_dq_q4_k(const uint8_t *b, int j, float *restrict w) {
+    int s, m;
+    ls_qg_q4_k_sm(b + 4, j, &s, &m);
+    const float ds = ls_f16(b) * (float)s, dm = ls_f16(b + 2) * (float)m;
+    const uint8_t *q = b + 16 + 32 * (j >> 1);
+    const int sh = 4 * (j & 1);
+    for (int l = 0; l < 32; l++) w[l] = LS_QG_FMA(ds, (float)((q[l] >> sh) & 15), -dm);
+}
+/* q6_k block j = 4n + k (half n, quarter k): (d * scale) * (q - 32), q = low 4 bits from ql (low nibbles for
+ * k < 2, high for k >= 2) | 2 bits of qh (bits 2k, 2k+1) << 4; elements 0-15 and 16-31 have their own scale */
+static inline void ls_qg_dq_q6_k(const uint8_t *b, int j, float *restrict w) {
+    const int n = j >> 2, k = j & 3;
+    const uint8_t *ql = b + 64 * n + 32 * (k & 1), *qh = b + 128 + 32 * n;
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * n + 2 * k);
+    const float d = ls_f16(b + 208), s0 = d * (float)sc[0], s1 = d * (float)sc[1];
+    const int shl = 4 * (k >> 1), shh = 2 * k;
+    for (int l = 0; l < 32; l++) {
+        const int q = ((ql[l] >> shl) & 15) | (((qh[l] >> shh) & 3) << 4);
+        w[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
     }
 }
 
@@ -82,16 +131,65 @@ static inline void ls_qg_store4(float *restrict out, __m128 s, int nr, int first
     }
 }
 
-/* a block's 32 weights, scale (and min) applied, as four vectors in element order */
-#define LS_QG_VALS_Q8_0(b, v) do { \
+/* block j of super-block b: its 32 weights, scale (and min) applied, as four vectors in element order */
+#define LS_QG_VALS_Q8_0(b, j, v) do { \
     const __m256 d_ = ls_bcast8_f16(b); LS_VALS_Q8_0(b, v); \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_mul_ps(d_, v[i_]); } while (0)
-#define LS_QG_VALS_Q4_0(b, v) do { \
+#define LS_QG_VALS_Q4_0(b, j, v) do { \
     const __m256 d_ = ls_bcast8_f16(b); LS_VALS_Q4_0(b, v); \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_mul_ps(d_, v[i_]); } while (0)
-#define LS_QG_VALS_Q4_1(b, v) do { \
+#define LS_QG_VALS_Q4_1(b, j, v) do { \
     const __m256 d_ = ls_bcast8_f16(b), m_ = ls_bcast8_f16((b) + 2); LS_VALS_Q4_1(b, v); \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_fmadd_ps(d_, v[i_], m_); } while (0)
+/* 16 signed bytes (two groups of 8) as 8-float vectors, times s */
+static inline void ls_qg_i8x16_mul(__m128i q, __m256 s, __m256 *v) {
+    v[0] = _mm256_mul_ps(s, ls_i8x8_ps(q));
+    v[1] = _mm256_mul_ps(s, ls_i8x8_ps(_mm_srli_si128(q, 8)));
+}
+static inline void ls_qg_vals_q5_0(const uint8_t *b, __m256 *v) {
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    /* byte i of the vector: byte i / 8 of qh (both 128-bit lanes hold all of qh), then bit i % 8 of it */
+    const __m256i sel = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sel, bit), bit), _mm256_set1_epi8(16));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ls_nibbles32(b + 6, 0), high), _mm256_set1_epi8(16));
+    const __m256 d = ls_bcast8_f16(b);
+    ls_qg_i8x16_mul(_mm256_castsi256_si128(q), d, v);
+    ls_qg_i8x16_mul(_mm256_extracti128_si256(q, 1), d, v + 2);
+}
+static inline void ls_qg_vals_q4_k(const uint8_t *b, int j, __m256 *v) {
+    int s, m;
+    ls_qg_q4_k_sm(b + 4, j, &s, &m);
+    const __m256 ds = _mm256_mul_ps(ls_bcast8_f16(b), _mm256_set1_ps((float)s));
+    const __m256 dm = _mm256_mul_ps(ls_bcast8_f16(b + 2), _mm256_set1_ps((float)m));
+    const uint8_t *q = b + 16 + 32 * (j >> 1);
+    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1)), m15 = _mm_set1_epi8(15);
+    for (int h = 0; h < 2; h++) {
+        const __m128i n = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * h)), sh), m15);
+        v[2 * h] = _mm256_fmsub_ps(ds, ls_u8x8_ps(n), dm);
+        v[2 * h + 1] = _mm256_fmsub_ps(ds, ls_u8x8_ps(_mm_srli_si128(n, 8)), dm);
+    }
+}
+static inline void ls_qg_vals_q6_k(const uint8_t *b, int j, __m256 *v) {
+    const int n = j >> 2, k = j & 3;
+    const uint8_t *ql = b + 64 * n + 32 * (k & 1), *qh = b + 128 + 32 * n;
+    const int8_t *sc = (const int8_t *)(b + 192 + 8 * n + 2 * k);
+    const __m256 d = ls_bcast8_f16(b + 208);
+    const __m128i shl = _mm_cvtsi32_si128(4 * (k >> 1)), shh = _mm_cvtsi32_si128(2 * k);
+    for (int h = 0; h < 2; h++) {
+        const __m128i lo = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(ql + 16 * h)), shl),
+                                         _mm_set1_epi8(15));
+        const __m128i hi = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16 * h)), shh),
+                                         _mm_set1_epi8(3));
+        const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+        ls_qg_i8x16_mul(q, _mm256_mul_ps(d, _mm256_set1_ps((float)sc[h])), v + 2 * h);
+    }
+}
+#define LS_QG_VALS_Q5_0(b, j, v) ls_qg_vals_q5_0(b, v)
+#define LS_QG_VALS_Q4_K(b, j, v) ls_qg_vals_q4_k(b, j, v)
+#define LS_QG_VALS_Q6_K(b, j, v) ls_qg_vals_q6_k(b, j, v)
 
 /* micro-kernel: MR activation rows (stride K) x NR decoded weight rows (stride kc) over kc values */
 static inline __attribute__((always_inline)) void ls_qg_micro_k(const float *restrict x, int64_t K,
@@ -142,7 +240,7 @@ static void ls_qg_micro(const float *restrict x, int64_t K, const float *restric
 /* A few activation rows (MR <= 8, stride K) against NR weight rows (stride rb bytes) decoded in registers:
  * each weight block is decoded once and feeds MR x 4 FMAs (decode, batched decode). MR x NR accumulators,
  * at least 8 where the rows allow, so that the 4-cycle FMA latency does not bound the dependent chains. */
-#define LS_QG_REGS(NAME, VALS, BB) \
+#define LS_QG_REGS(NAME, VALS, BB, SH) \
 static inline __attribute__((always_inline)) void NAME##_few_k(const uint8_t *restrict w, int64_t rb, \
         const float *restrict x, int64_t K, int64_t b0, int64_t b1, float *restrict out, int64_t N, const int MR, \
         const int NR) { \
@@ -151,9 +249,9 @@ static inline __attribute__((always_inline)) void NAME##_few_k(const uint8_t *re
     for (int r = 0; r < MR; r++) for (int j = 0; j < NR; j++) acc[r][j] = z; \
     for (int64_t b = b0; b < b1; b++) { \
         for (int j = 0; j < NR; j++) { \
-            const uint8_t *blk = w + j * rb + b * (BB); \
-            LS_QG_FEW_PF(blk); \
-            __m256 v[4]; VALS(blk, v); \
+            const uint8_t *blk = w + j * rb + (b >> (SH)) * (BB); \
+            LS_QG_FEW_PF(w + j * rb + ((b * (BB)) >> (SH))); \
+            __m256 v[4]; VALS(blk, (int)(b & ((1 << (SH)) - 1)), v); \
             for (int r = 0; r < MR; r++) { \
                 const float *xb = x + r * K + 32 * b; \
                 acc[r][j] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), acc[r][j]); \
@@ -207,16 +305,17 @@ static void NAME##_few(const uint8_t *restrict w, int64_t rb, const float *restr
     case 7: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 7, 1); break; \
     default: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 8, 1); break; } \
 }
-#define LS_QG_KERNELS(NAME, VALS, BB) \
-LS_QG_REGS(NAME, VALS, BB) \
+#define LS_QG_KERNELS(NAME, VALS, BB, SH) \
+LS_QG_REGS(NAME, VALS, BB, SH) \
 /* a chunk of nb blocks (from block b0) of n weight rows into dst (row stride 32 * nb floats) */ \
 static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n, \
                                  float *restrict dst) { \
     for (int64_t j = 0; j < n; j++) \
         for (int64_t b = 0; b < nb; b++) { \
-            const uint8_t *blk = w + j * rb + (b0 + b) * (BB); \
-            LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
-            __m256 v[4]; VALS(blk, v); \
+            const int64_t bb = b0 + b; \
+            const uint8_t *blk = w + j * rb + (bb >> (SH)) * (BB); \
+            LS_PF(w + j * rb + ((bb * (BB)) >> (SH)) + LS_QMM_PREFETCH, 0, 3); \
+            __m256 v[4]; VALS(blk, (int)(bb & ((1 << (SH)) - 1)), v); \
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + j * 32 * nb + 32 * b + 8 * i, v[i]); \
         } \
 } \
@@ -241,13 +340,16 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
         } \
     } \
 }
-LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34)
-LS_QG_KERNELS(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18)
-LS_QG_KERNELS(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20)
+LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34, 0)
+LS_QG_KERNELS(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18, 0)
+LS_QG_KERNELS(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20, 0)
+LS_QG_KERNELS(ls_qgemm_q5_0, LS_QG_VALS_Q5_0, 22, 0)
+LS_QG_KERNELS(ls_qgemm_q4_k, LS_QG_VALS_Q4_K, 144, 3)
+LS_QG_KERNELS(ls_qgemm_q6_k, LS_QG_VALS_Q6_K, 210, 3)
 #endif
 
 /* Portable form: the same structure and values without vector intrinsics (what CPUs without AVX2 run). */
-#define LS_QG_PORTABLE(NAME, DQ, BB) \
+#define LS_QG_PORTABLE(NAME, DQ, BB, SH) \
 static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K, \
                  int64_t n, float *restrict out, int64_t N) { \
     const int64_t nblk = K / 32, cb = ls_qg_chunk_blocks(nblk); \
@@ -255,7 +357,8 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
     for (int64_t j = 0; j < n; j++) \
         for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
             const int64_t nb = ls_min(cb, nblk - b0), kc = 32 * nb; \
-            for (int64_t b = 0; b < nb; b++) DQ(w + j * rb + (b0 + b) * (BB), buf + 32 * b); \
+            for (int64_t b = b0; b < b0 + nb; b++) \
+                DQ(w + j * rb + (b >> (SH)) * (BB), (int)(b & ((1 << (SH)) - 1)), buf + 32 * (b - b0)); \
             for (int64_t m = 0; m < M; m++) { \
                 const float *xr = x + m * K + 32 * b0; \
                 float acc[8] = {0}; \
@@ -266,6 +369,9 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
             } \
         } \
 }
-LS_QG_PORTABLE(ls_qgemm_portable_q8_0, ls_qg_dq_q8_0, 34)
-LS_QG_PORTABLE(ls_qgemm_portable_q4_0, ls_qg_dq_q4_0, 18)
-LS_QG_PORTABLE(ls_qgemm_portable_q4_1, ls_qg_dq_q4_1, 20)
+LS_QG_PORTABLE(ls_qgemm_portable_q8_0, ls_qg_dq_q8_0, 34, 0)
+LS_QG_PORTABLE(ls_qgemm_portable_q4_0, ls_qg_dq_q4_0, 18, 0)
+LS_QG_PORTABLE(ls_qgemm_portable_q4_1, ls_qg_dq_q4_1, 20, 0)
+LS_QG_PORTABLE(ls_qgemm_portable_q5_0, ls_qg_dq_q5_0, 22, 0)
+LS_QG_PORTABLE(ls_qgemm_portable_q4_k, ls_qg_dq_q4_k, 144, 3)
+LS_QG_PORTABLE(ls_qgemm_portable_q6_k, ls_qg_dq_q6_k, 210, 3)

@@ -28,7 +28,8 @@ QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re
 QMM_DECODE_BYTES = 16 * 1024  # ... when one row group is all there is (decode): small items balance the threads
 QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (LS_QMM_PREFETCH in qdecode.h)
 QMM_ROWS = 8  # activation rows per pass over a weight row (LS_QMM_ROWS in qdecode.h)
-GEMM_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1)  # formats with the kernels of qgemm.h
+GEMM_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q4_K, QType.Q6_K)  # with qgemm.h's kernels
+QDOT_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1)  # ... and qdecode.h's row-group kernels (AVX-512)
 ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
 # --- lowered kernels (search hook): schedule name -> function (renderer, kernel) -> (function, launch)
@@ -369,11 +370,13 @@ class KernelRenderer:
         ]
         if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
             lines += quant_lines
-        elif q.qtype in GEMM_QTYPES:
-            lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines))
         else:
             generic = row_groups + self.qmm_generic_lines(decode, E, BB, nblk, row_bytes, K) + ["        }"]
-            lines += quant_lines + ["#else"] + generic + ["#endif"] if quant_lines else generic
+            if q.qtype in GEMM_QTYPES:
+                lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines),
+                                                        generic)
+            else:
+                lines += quant_lines + ["#else"] + generic + ["#endif"] if quant_lines else generic
         lines += ["    }", "}"]
         work = f"(M * N * {K}LL)"
         call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
@@ -414,11 +417,19 @@ class KernelRenderer:
         return "\n".join(lines), call
 
     @staticmethod
-    def qgemm_lines(q, tname: str, K: int, nblk: int, row_bytes: int, row_groups: list[str], elif_: bool) -> list[str]:
-        """Float activations of a 32-element format: the register-blocked kernel of qgemm.h (AVX2), else the
-        row-group kernel of qdecode.h (AVX-512), else qgemm.h's portable form; each gives a row the same bits
-        alone and in any batch."""
+    def qgemm_lines(q, tname: str, K: int, nblk: int, row_bytes: int, row_groups: list[str], elif_: bool,
+                    generic: list[str]) -> list[str]:
+        """Float activations: the register-blocked kernel of qgemm.h (AVX2), else (AVX-512) the row-group
+        kernel of qdecode.h (q8_0, q4_0, q4_1) or the ``generic`` lines (q5_0, q4_k, q6_k), else qgemm.h's
+        portable form; qgemm.h's kernels give a row the same bits alone and in any batch."""
         args = f"(wraw + n0 * {row_bytes}LL, {row_bytes}, xs, M, {K}, n1 - n0, out + n0, N);"
+        if q.qtype not in QDOT_QTYPES:
+            return [f"#{'elif' if elif_ else 'if'} defined(LS_HAVE_QGEMM) && !defined(LS_PORTABLE)",
+                    f"        ls_qgemm_{tname}{args}",
+                    "#elif defined(__AVX512F__) && !defined(LS_PORTABLE)"] + generic + [
+                    "#else",
+                    f"        ls_qgemm_portable_{tname}{args}",
+                    "#endif"]
         q41 = q.qtype is QType.Q4_1
         return [
             f"#{'elif' if elif_ else 'if'} defined(LS_HAVE_QGEMM) && !defined(LS_PORTABLE)",
