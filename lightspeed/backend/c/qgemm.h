@@ -131,14 +131,17 @@ static inline void ls_qg_store4(float *restrict out, __m128 s, int nr, int first
     }
 }
 
-/* block j of super-block b: its 32 weights, scale (and min) applied, as four vectors in element order */
-#define LS_QG_VALS_Q8_0(b, j, v) do { \
+/* block j of super-block b: its 32 weights, scale (and min) applied, as four vectors in element order; st is
+ * what PREP wrote for the super-block (its scales as floats: the 256-element formats; the others have none) */
+typedef struct { char unused; } ls_qg_st_none;
+#define LS_QG_PREP_NONE(b, st) ((void)0)
+#define LS_QG_VALS_Q8_0(b, j, st, v) do { \
     const __m256 d_ = ls_bcast8_f16(b); LS_VALS_Q8_0(b, v); \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_mul_ps(d_, v[i_]); } while (0)
-#define LS_QG_VALS_Q4_0(b, j, v) do { \
+#define LS_QG_VALS_Q4_0(b, j, st, v) do { \
     const __m256 d_ = ls_bcast8_f16(b); LS_VALS_Q4_0(b, v); \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_mul_ps(d_, v[i_]); } while (0)
-#define LS_QG_VALS_Q4_1(b, j, v) do { \
+#define LS_QG_VALS_Q4_1(b, j, st, v) do { \
     const __m256 d_ = ls_bcast8_f16(b), m_ = ls_bcast8_f16((b) + 2); LS_VALS_Q4_1(b, v); \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = _mm256_fmadd_ps(d_, v[i_], m_); } while (0)
 /* 16 signed bytes (two groups of 8) as 8-float vectors, times s */
@@ -159,37 +162,49 @@ static inline void ls_qg_vals_q5_0(const uint8_t *b, __m256 *v) {
     ls_qg_i8x16_mul(_mm256_castsi256_si128(q), d, v);
     ls_qg_i8x16_mul(_mm256_extracti128_si256(q, 1), d, v + 2);
 }
-static inline void ls_qg_vals_q4_k(const uint8_t *b, int j, __m256 *v) {
-    int s, m;
-    ls_qg_q4_k_sm(b + 4, j, &s, &m);
-    const __m256 ds = _mm256_mul_ps(ls_bcast8_f16(b), _mm256_set1_ps((float)s));
-    const __m256 dm = _mm256_mul_ps(ls_bcast8_f16(b + 2), _mm256_set1_ps((float)m));
-    const uint8_t *q = b + 16 + 32 * (j >> 1);
-    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1)), m15 = _mm_set1_epi8(15);
-    for (int h = 0; h < 2; h++) {
-        const __m128i n = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * h)), sh), m15);
-        v[2 * h] = _mm256_fmsub_ps(ds, ls_u8x8_ps(n), dm);
-        v[2 * h + 1] = _mm256_fmsub_ps(ds, ls_u8x8_ps(_mm_srli_si128(n, 8)), dm);
-    }
+/* q4_k: a super-block's 8 block scales d * s and mins dmin * m (the values of ls_qg_dq_q4_k), unpacked at once:
+ * bytes 0-3 hold s0-3 (and the top 2 bits of s4-7), bytes 4-7 m0-3 (top bits of m4-7), bytes 8-11 the low
+ * 4 bits of s4-7 (low nibbles) and m4-7 (high nibbles) */
+typedef struct { float ds[8], dm[8]; } ls_qg_st_q4_k;
+static inline void ls_qg_prep_q4_k(const uint8_t *b, ls_qg_st_q4_k *st) {
+    uint32_t u[3];
+    memcpy(u, b + 4, 12);
+    const uint64_t s = (u[0] & 0x3f3f3f3fu) | (uint64_t)((u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
+    const uint64_t m = (u[1] & 0x3f3f3f3fu) | (uint64_t)(((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
+    _mm256_storeu_ps(st->ds, _mm256_mul_ps(ls_bcast8_f16(b), ls_u8x8_ps(_mm_cvtsi64_si128((long long)s))));
+    _mm256_storeu_ps(st->dm, _mm256_mul_ps(ls_bcast8_f16(b + 2), ls_u8x8_ps(_mm_cvtsi64_si128((long long)m))));
 }
-static inline void ls_qg_vals_q6_k(const uint8_t *b, int j, __m256 *v) {
-    const int n = j >> 2, k = j & 3;
-    const uint8_t *ql = b + 64 * n + 32 * (k & 1), *qh = b + 128 + 32 * n;
-    const int8_t *sc = (const int8_t *)(b + 192 + 8 * n + 2 * k);
+static inline void ls_qg_vals_q4_k(const uint8_t *b, int j, const ls_qg_st_q4_k *st, __m256 *v) {
+    const __m256 ds = _mm256_broadcast_ss(st->ds + j), dm = _mm256_broadcast_ss(st->dm + j);
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (j >> 1))),
+                                                        _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(15));
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    v[0] = _mm256_fmsub_ps(ds, ls_u8x8_ps(lo), dm);
+    v[1] = _mm256_fmsub_ps(ds, ls_u8x8_ps(_mm_srli_si128(lo, 8)), dm);
+    v[2] = _mm256_fmsub_ps(ds, ls_u8x8_ps(hi), dm);
+    v[3] = _mm256_fmsub_ps(ds, ls_u8x8_ps(_mm_srli_si128(hi, 8)), dm);
+}
+/* q6_k: a super-block's 16 scales d * sc (block j has 2j and 2j + 1) */
+typedef struct { float s[16]; } ls_qg_st_q6_k;
+static inline void ls_qg_prep_q6_k(const uint8_t *b, ls_qg_st_q6_k *st) {
     const __m256 d = ls_bcast8_f16(b + 208);
-    const __m128i shl = _mm_cvtsi32_si128(4 * (k >> 1)), shh = _mm_cvtsi32_si128(2 * k);
-    for (int h = 0; h < 2; h++) {
-        const __m128i lo = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(ql + 16 * h)), shl),
-                                         _mm_set1_epi8(15));
-        const __m128i hi = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i *)(qh + 16 * h)), shh),
-                                         _mm_set1_epi8(3));
-        const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
-        ls_qg_i8x16_mul(q, _mm256_mul_ps(d, _mm256_set1_ps((float)sc[h])), v + 2 * h);
-    }
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(b + 192));
+    _mm256_storeu_ps(st->s, _mm256_mul_ps(d, ls_i8x8_ps(sc)));
+    _mm256_storeu_ps(st->s + 8, _mm256_mul_ps(d, ls_i8x8_ps(_mm_srli_si128(sc, 8))));
 }
-#define LS_QG_VALS_Q5_0(b, j, v) ls_qg_vals_q5_0(b, v)
-#define LS_QG_VALS_Q4_K(b, j, v) ls_qg_vals_q4_k(b, j, v)
-#define LS_QG_VALS_Q6_K(b, j, v) ls_qg_vals_q6_k(b, j, v)
+static inline void ls_qg_vals_q6_k(const uint8_t *b, int j, const ls_qg_st_q6_k *st, __m256 *v) {
+    const int n = j >> 2, k = j & 3;
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 64 * n + 32 * (k & 1))),
+                                                         _mm_cvtsi32_si128(4 * (k >> 1))), _mm256_set1_epi8(15));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 128 + 32 * n)),
+                                                         _mm_cvtsi32_si128(2 * k)), _mm256_set1_epi8(3));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    ls_qg_i8x16_mul(_mm256_castsi256_si128(q), _mm256_broadcast_ss(st->s + 2 * j), v);
+    ls_qg_i8x16_mul(_mm256_extracti128_si256(q, 1), _mm256_broadcast_ss(st->s + 2 * j + 1), v + 2);
+}
+#define LS_QG_VALS_Q5_0(b, j, st, v) ls_qg_vals_q5_0(b, v)
+#define LS_QG_VALS_Q4_K(b, j, st, v) ls_qg_vals_q4_k(b, j, st, v)
+#define LS_QG_VALS_Q6_K(b, j, st, v) ls_qg_vals_q6_k(b, j, st, v)
 
 /* micro-kernel: MR activation rows (stride K) x NR decoded weight rows (stride kc) over kc values */
 static inline __attribute__((always_inline)) void ls_qg_micro_k(const float *restrict x, int64_t K,
@@ -240,18 +255,20 @@ static void ls_qg_micro(const float *restrict x, int64_t K, const float *restric
 /* A few activation rows (MR <= 8, stride K) against NR weight rows (stride rb bytes) decoded in registers:
  * each weight block is decoded once and feeds MR x 4 FMAs (decode, batched decode). MR x NR accumulators,
  * at least 8 where the rows allow, so that the 4-cycle FMA latency does not bound the dependent chains. */
-#define LS_QG_REGS(NAME, VALS, BB, SH) \
+#define LS_QG_REGS(NAME, VALS, BB, SH, ST, PREP) \
 static inline __attribute__((always_inline)) void NAME##_few_k(const uint8_t *restrict w, int64_t rb, \
         const float *restrict x, int64_t K, int64_t b0, int64_t b1, float *restrict out, int64_t N, const int MR, \
         const int NR) { \
     const __m256 z = _mm256_setzero_ps(); \
     __m256 acc[8][4]; \
     for (int r = 0; r < MR; r++) for (int j = 0; j < NR; j++) acc[r][j] = z; \
+    ST st[4]; \
     for (int64_t b = b0; b < b1; b++) { \
         for (int j = 0; j < NR; j++) { \
             const uint8_t *blk = w + j * rb + (b >> (SH)) * (BB); \
             LS_QG_FEW_PF(w + j * rb + ((b * (BB)) >> (SH))); \
-            __m256 v[4]; VALS(blk, (int)(b & ((1 << (SH)) - 1)), v); \
+            if ((SH) && (b == b0 || (b & ((1 << (SH)) - 1)) == 0)) PREP(blk, &st[j]); \
+            __m256 v[4]; VALS(blk, (int)(b & ((1 << (SH)) - 1)), &st[j], v); \
             for (int r = 0; r < MR; r++) { \
                 const float *xb = x + r * K + 32 * b; \
                 acc[r][j] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xb), acc[r][j]); \
@@ -305,17 +322,19 @@ static void NAME##_few(const uint8_t *restrict w, int64_t rb, const float *restr
     case 7: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 7, 1); break; \
     default: NAME##_few_n(w, rb, x, K, nblk, n, out, N, 8, 1); break; } \
 }
-#define LS_QG_KERNELS(NAME, VALS, BB, SH) \
-LS_QG_REGS(NAME, VALS, BB, SH) \
+#define LS_QG_KERNELS(NAME, VALS, BB, SH, ST, PREP) \
+LS_QG_REGS(NAME, VALS, BB, SH, ST, PREP) \
 /* a chunk of nb blocks (from block b0) of n weight rows into dst (row stride 32 * nb floats) */ \
 static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n, \
                                  float *restrict dst) { \
+    ST st; \
     for (int64_t j = 0; j < n; j++) \
         for (int64_t b = 0; b < nb; b++) { \
             const int64_t bb = b0 + b; \
             const uint8_t *blk = w + j * rb + (bb >> (SH)) * (BB); \
             LS_PF(w + j * rb + ((bb * (BB)) >> (SH)) + LS_QMM_PREFETCH, 0, 3); \
-            __m256 v[4]; VALS(blk, (int)(bb & ((1 << (SH)) - 1)), v); \
+            if ((SH) && (b == 0 || (bb & ((1 << (SH)) - 1)) == 0)) PREP(blk, &st); \
+            __m256 v[4]; VALS(blk, (int)(bb & ((1 << (SH)) - 1)), &st, v); \
             for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + j * 32 * nb + 32 * b + 8 * i, v[i]); \
         } \
 } \
@@ -340,12 +359,12 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
         } \
     } \
 }
-LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34, 0)
-LS_QG_KERNELS(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18, 0)
-LS_QG_KERNELS(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20, 0)
-LS_QG_KERNELS(ls_qgemm_q5_0, LS_QG_VALS_Q5_0, 22, 0)
-LS_QG_KERNELS(ls_qgemm_q4_k, LS_QG_VALS_Q4_K, 144, 3)
-LS_QG_KERNELS(ls_qgemm_q6_k, LS_QG_VALS_Q6_K, 210, 3)
+LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34, 0, ls_qg_st_none, LS_QG_PREP_NONE)
+LS_QG_KERNELS(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18, 0, ls_qg_st_none, LS_QG_PREP_NONE)
+LS_QG_KERNELS(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20, 0, ls_qg_st_none, LS_QG_PREP_NONE)
+LS_QG_KERNELS(ls_qgemm_q5_0, LS_QG_VALS_Q5_0, 22, 0, ls_qg_st_none, LS_QG_PREP_NONE)
+LS_QG_KERNELS(ls_qgemm_q4_k, LS_QG_VALS_Q4_K, 144, 3, ls_qg_st_q4_k, ls_qg_prep_q4_k)
+LS_QG_KERNELS(ls_qgemm_q6_k, LS_QG_VALS_Q6_K, 210, 3, ls_qg_st_q6_k, ls_qg_prep_q6_k)
 #endif
 
 /* Portable form: the same structure and values without vector intrinsics (what CPUs without AVX2 run). */
