@@ -156,8 +156,9 @@ static inline void ls_qg_vals_q5_0(const uint8_t *b, __m256 *v) {
     const __m256i sel = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
         _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sel, bit), bit), _mm256_set1_epi8(16));
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(ls_nibbles32(b + 6, 0), high), _mm256_set1_epi8(16));
+    /* (nibble | high << 4) - 16 as int8: the nibble where the high bit is set, else nibble - 16 = nibble | 0xf0 */
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(sel, bit), bit);
+    const __m256i q = _mm256_or_si256(ls_nibbles32(b + 6, 0), _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xf0)));
     const __m256 d = ls_bcast8_f16(b);
     ls_qg_i8x16_mul(_mm256_castsi256_si128(q), d, v);
     ls_qg_i8x16_mul(_mm256_extracti128_si256(q, 1), d, v + 2);
