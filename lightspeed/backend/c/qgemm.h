@@ -1,7 +1,8 @@
 /* Quantized matmul out[m, n] = sum_k x[m, k] * w[n, k] for the block formats q8_0, q4_0, q4_1, q5_0 and the
- * 256-element q4_k and q6_k (handled as 8 blocks of 32 per super-block), with one summation order for every row count, so that a row's result is bit-identical alone (decode) and
- * in any batch (batched decode, prefill):
- *   - the weights are decoded with their scale (and q4_1's min) applied: w = d * q (q4_1: fma(d, q, m));
+ * 256-element q4_k and q6_k (as 8 blocks of 32 per super-block), with one summation order for every row
+ * count, so that a row's result is bit-identical alone (decode) and in any batch (batched decode, prefill):
+ *   - the weights are decoded with their scale (and min) applied: w = d * q (q4_1: fma(d, q, m); q4_k:
+ *     fma(d * s, q, -(dmin * m)); q6_k: (d * s) * q);
  *   - K is cut into chunks of ls_qg_chunk_blocks(nblk) blocks (a function of K only);
  *   - per chunk, 8 lanes accumulate lane l += w[k] * x[k] (k = l mod 8, k increasing, fused multiply-add),
  *     then the lanes are summed as ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7));
