@@ -9,19 +9,11 @@ import pytest
 
 import lightspeed as ls
 from lightspeed import dtypes as dt
+from cpu_flags import has_flags
 
 DTYPES = {"f16": dt.float16, "bf16": dt.bfloat16}
 ROWS = (1, 2, 7, 8, 9, 37)  # decode, batched decode (every few-row width), past it (the panel path)
 N = 37  # odd: not a multiple of any kernel's weight-row group
-
-
-def _avx2_f16c_without_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return all(f in flags for f in ("avx2", "fma", "f16c")) and "avx512f" not in flags
 
 
 def half_array(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -70,7 +62,8 @@ def test_half_matmul_matches_reference_and_is_batch_independent(name: str) -> No
         for tag, prog in (("simd", simd), ("portable", portable)):
             for k, got, f in zip(KS, prog(**rows(slice(r, r + 1))), full[tag]):
                 np.testing.assert_array_equal(got[0], f[r], err_msg=f"{tag} k={k}")
-    if _avx2_f16c_without_avx512():  # the AVX2 kernels and the portable form share one summation order
+    # the AVX2 kernels and the portable form share one summation order
+    if has_flags("avx2", "fma", "f16c", without=("avx512f",)):
         for a, b in zip(full["simd"], full["portable"]):
             np.testing.assert_array_equal(a, b)
 

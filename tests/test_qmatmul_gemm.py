@@ -10,19 +10,11 @@ import pytest
 import lightspeed as ls
 from lightspeed.quant import QType, block_format
 from lightspeed.quant.decode_graph import dequant_matrix_graph
+from cpu_flags import has_flags
 
 TYPES = [QType.Q8_0, QType.Q4_0, QType.Q4_1]
 ROWS = (1, 2, 3, 7, 8, 9, 13, 69)  # every micro-kernel height (6, 5, 4, 3, 2, 1 rows) and more than one block
 N = 37  # weight rows: not a multiple of the micro-kernel widths (2, 3, 4)
-
-
-def _avx2_without_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags and "avx512f" not in flags
 
 
 def random_raw(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -60,7 +52,8 @@ def test_gemm_matches_reference_and_is_batch_independent(qtype: QType, k: int) -
     for r in (0, 5, 6, 12, 68):  # a row alone gives the bits it has in the batch of 69
         for name, prog in (("simd", simd), ("portable", portable)):
             np.testing.assert_array_equal(prog(x=xv[r:r + 1])[0][0], full[name][r], err_msg=name)
-    if _avx2_without_avx512():  # the AVX2 kernel and the portable form share one summation order
+    # the AVX2 kernel and the portable form share one summation order
+    if has_flags("avx2", "fma", without=("avx512f",)):
         np.testing.assert_array_equal(full["simd"], full["portable"])
 
 

@@ -12,6 +12,7 @@ import pytest
 import lightspeed as ls
 from lightspeed.quant import QType, block_format
 from lightspeed.quant.decode_graph import dequant_matrix_graph
+from cpu_flags import has_flags
 
 ROWS = (1, 2, 7, 8, 9, 21)
 N = 37  # odd, not a multiple of the micro-kernel widths
@@ -19,15 +20,6 @@ N = 37  # odd, not a multiple of the micro-kernel widths
 KS = {QType.Q5_0: (96, 256, 512, 544), QType.Q4_K: (256, 512, 1280), QType.Q6_K: (256, 512, 1280)}
 SCALE_FIELDS = {QType.Q5_0: (0,), QType.Q4_K: (0, 2), QType.Q6_K: (208,)}  # byte offsets of float16 scales
 EXTREME = np.array([65504.0, -65504.0, 6e-8, -6e-8, 0.0, 1e-4, 300.0], np.float16)
-
-
-def _avx2_without_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags and "avx512f" not in flags
 
 
 def random_raw(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -79,6 +71,7 @@ def test_kquant_gemm_matches_reference_and_is_batch_independent(qtype: QType) ->
             alone = prog(**{name: v[r:r + 1] for name, v in xs.items()})
             for i in range(len(ys)):
                 np.testing.assert_array_equal(alone[i][0], full[label][i][r], err_msg=label)
-    if _avx2_without_avx512():  # one summation order and the same decoded values in both forms
+    # one summation order and the same decoded values in both forms
+    if has_flags("avx2", "fma", without=("avx512f",)):
         for i in range(len(ys)):
             np.testing.assert_array_equal(full["simd"][i], full["portable"][i], err_msg=names[i])
