@@ -313,12 +313,9 @@ class KernelRenderer:
         return "\n".join(lines), call
 
     def quantized_matmul(self, k: ir.Kernel) -> tuple[str, str]:
-        """out[m, n] = sum_k x[m, k] * decode(raw)[n, k]: weight rows decoded block by block in registers.
-
-        Each weight block is decoded once for a group of up to QMM_ROWS activation rows. A work item is a
-        chunk of weight rows small enough to stay in L2 while every row group streams past it, so the
-        weights come from memory once per call; with a single row group (decode, batched decode) nothing
-        is re-read, and smaller items spread the weight stream evenly over the threads."""
+        """out[m, n] = sum_k x[m, k] * decode(raw)[n, k]: weight rows decoded block by block in registers
+        (qgemm.h), or for quantized activations up to QMM_ROWS activation rows a pass (qdecode.h); work items
+        are chunks of weight rows (``_weight_rows_kernel``)."""
         q = k.template
         if q.qtype in HALF_QTYPES:
             return self.half_matmul(k)
@@ -330,10 +327,6 @@ class KernelRenderer:
         tname = TEMPLATE_QTYPES[q.qtype]
         decode = f"ls_dq_{tname}"
         x_buf, raw_buf = k.template_reads
-        M, N = self.idx(q.rows), self.idx(q.out_features)
-        rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
-        rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
-        rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
         quant_lines, quantize = [], ""
         row_groups = [f"        for (int64_t m0 = 0; m0 < M; m0 += {QMM_ROWS}) {{",
                       f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);"]
@@ -357,17 +350,8 @@ class KernelRenderer:
                         f"((const float *){lp}->p[{x_i}], M, {K}, ({itype} *)sc, (float *)(sc + {d_off}), "
                         f"(float *)(sc + {s_off})); }}")
             quantize = "\n".join([""] + guard + [quantize] + (["#endif", ""] if guard else [""]))
-        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
-                 "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
-        lines += [f"    {d}" for d in self.decls(k)]
-        lines += [
-            f"    const int64_t M = {M}, N = {N}, R = {rows_per_item};",
-            f"    const uint8_t *restrict wraw = (const uint8_t *){self.buf(raw_buf)};",
-            f"    const float *restrict xs = {self.buf(x_buf)};",
-            f"    float *restrict out = {self.buf(k.out)};",
-            "    for (int64_t p = p0; p < p1; p++) {",
-            "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);",
-        ]
+        lines, call = self._weight_rows_kernel(k, row_bytes, f"const uint8_t *restrict wraw = (const uint8_t *)"
+                                               f"{self.buf(raw_buf)};", x_buf, quantize)
         if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
             lines += quant_lines
         else:
@@ -378,10 +362,32 @@ class KernelRenderer:
             else:
                 lines += quant_lines + ["#else"] + generic + ["#endif"] if quant_lines else generic
         lines += ["    }", "}"]
-        work = f"(M * N * {K}LL)"
-        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;{quantize}\n"
-                f"      if ({work} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
+
+    def _weight_rows_kernel(self, k: ir.Kernel, row_bytes: int, weights: str, x_buf, before_launch: str = ""
+                            ) -> tuple[list[str], str]:
+        """The opening lines of a matmul kernel whose work items are chunks of weight rows (``M``, ``N``,
+        ``R`` rows an item, ``xs``, ``out``, the ``weights`` pointer declaration, then the item loop with
+        ``n0 .. n1``), and its launch. An item is small enough to stay in L2 while every row group streams
+        past it, so the weights come from memory once per call; with one row group (decode, batched decode)
+        nothing is re-read, and smaller items spread the weight stream evenly over the threads."""
+        q = k.template
+        M, N, K = self.idx(q.rows), self.idx(q.out_features), q.in_features
+        rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
+        rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
+        rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
+        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
+                 "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
+        lines += [f"    {d}" for d in self.decls(k)]
+        lines += [f"    const int64_t M = {M}, N = {N}, R = {rows_per_item};", f"    {weights}",
+                  f"    const float *restrict xs = {self.buf(x_buf)};",
+                  f"    float *restrict out = {self.buf(k.out)};",
+                  "    for (int64_t p = p0; p < p1; p++) {",
+                  "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);"]
+        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;"
+                f"{before_launch}\n"
+                f"      if ((M * N * {K}LL) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
+        return lines, call
 
     def half_matmul(self, k: ir.Kernel) -> tuple[str, str]:
         """out[m, n] = sum_k x[m, k] * w[n, k] for float16 / bfloat16 weights, widened in registers by hgemm.h
@@ -390,30 +396,15 @@ class KernelRenderer:
         q = k.template
         tname, K = HALF_QTYPES[q.qtype], q.in_features
         x_buf, w_buf = k.template_reads
-        M, N = self.idx(q.rows), self.idx(q.out_features)
-        row_bytes = 2 * K
-        rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
-        rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
-        rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
         args = f"(w + n0 * {K}LL, xs, M, {K}, n1 - n0, out + n0, N);"
-        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
-                 "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
-        lines += [f"    {d}" for d in self.decls(k)]
-        lines += [
-            f"    const int64_t M = {M}, N = {N}, R = {rows_per_item};",
-            f"    const uint16_t *restrict w = (const uint16_t *){self.buf(w_buf)};",
-            f"    const float *restrict xs = {self.buf(x_buf)};",
-            f"    float *restrict out = {self.buf(k.out)};",
-            "    for (int64_t p = p0; p < p1; p++) {",
-            "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);",
-            f"#if defined(LS_HAVE_HGEMM_{tname.upper()}) && !defined(LS_PORTABLE)",
-            f"        ls_hgemm_{tname}{args}",
-            "#else",
-            f"        ls_hgemm_portable_{tname}{args}",
-            "#endif",
-            "    }", "}"]
-        call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;\n"
-                f"      if ((M * N * {K}LL) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
+        lines, call = self._weight_rows_kernel(k, 2 * K, f"const uint16_t *restrict w = (const uint16_t *)"
+                                               f"{self.buf(w_buf)};", x_buf)
+        lines += [f"#if defined(LS_HAVE_HGEMM_{tname.upper()}) && !defined(LS_PORTABLE)",
+                  f"        ls_hgemm_{tname}{args}",
+                  "#else",
+                  f"        ls_hgemm_portable_{tname}{args}",
+                  "#endif",
+                  "    }", "}"]
         return "\n".join(lines), call
 
     @staticmethod
