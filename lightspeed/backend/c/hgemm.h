@@ -142,11 +142,7 @@ static void NAME(const uint16_t *restrict w, const float *restrict x, int64_t M,
             const int64_t kc = ls_min(kcs, K - k0); \
             for (int64_t k = 0; k < kc; k++) buf[k] = CVT(w + j * K + k0 + k); \
             for (int64_t m = 0; m < M; m++) { \
-                const float *xr = x + m * K + k0; \
-                float acc[8] = {0}; \
-                for (int64_t k = 0; k < kc; k += 8) \
-                    for (int l = 0; l < 8; l++) acc[l] = LS_QG_FMA(buf[k + l], xr[k + l], acc[l]); \
-                const float s = ls_qg_sum8(acc); \
+                const float s = ls_qg_chunk_dot(buf, x + m * K + k0, kc); \
                 ls_qg_store(out + m * N + j, &s, 1, k0 == 0); \
             } \
         } \

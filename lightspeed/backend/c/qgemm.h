@@ -109,6 +109,14 @@ static inline void ls_qg_dq_q6_k(const uint8_t *b, int j, float *restrict w) {
 /* the 8-lane sum in the order above */
 static inline float ls_qg_sum8(const float *a) { return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7])); }
 
+/* one K chunk of one row in the order above (kc a multiple of 8): the portable forms' reference arithmetic */
+static inline float ls_qg_chunk_dot(const float *restrict w, const float *restrict x, int64_t kc) {
+    float acc[8] = {0};
+    for (int64_t k = 0; k < kc; k += 8)
+        for (int l = 0; l < 8; l++) acc[l] = LS_QG_FMA(w[k + l], x[k + l], acc[l]);
+    return ls_qg_sum8(acc);
+}
+
 /* out[j] (j < nr) = s[j] for the first chunk, out[j] + s[j] after */
 static inline void ls_qg_store(float *restrict out, const float *s, int nr, int first) {
     for (int j = 0; j < nr; j++) out[j] = first ? s[j] : out[j] + s[j];
@@ -390,11 +398,7 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
             for (int64_t b = b0; b < b0 + nb; b++) \
                 DQ(w + j * rb + (b >> (SH)) * (BB), (int)(b & ((1 << (SH)) - 1)), buf + 32 * (b - b0)); \
             for (int64_t m = 0; m < M; m++) { \
-                const float *xr = x + m * K + 32 * b0; \
-                float acc[8] = {0}; \
-                for (int64_t k = 0; k < kc; k += 8) \
-                    for (int l = 0; l < 8; l++) acc[l] = LS_QG_FMA(buf[k + l], xr[k + l], acc[l]); \
-                const float s = ls_qg_sum8(acc); \
+                const float s = ls_qg_chunk_dot(buf, x + m * K + 32 * b0, kc); \
                 ls_qg_store(out + m * N + j, &s, 1, b0 == 0); \
             } \
         } \
