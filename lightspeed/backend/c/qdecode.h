@@ -199,14 +199,27 @@ static inline __m256 ls_u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cv
 #define LS_VALS_Q8_0(b, v) do { \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = ls_i8x8_ps(_mm_loadl_epi64((const __m128i *)((b) + 2 + 8 * i_))); \
 } while (0)
-#define LS_NIBBLES8(q, v, OFF, CVT) do { \
-    const __m128i bytes_ = _mm_loadu_si128((const __m128i *)(q)), m15_ = _mm_set1_epi8(15); \
-    const __m128i lo_ = _mm_sub_epi8(_mm_and_si128(bytes_, m15_), _mm_set1_epi8(OFF)); \
-    const __m128i hi_ = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes_, 4), m15_), _mm_set1_epi8(OFF)); \
-    v[0] = CVT(lo_); v[1] = CVT(_mm_srli_si128(lo_, 8)); v[2] = CVT(hi_); v[3] = CVT(_mm_srli_si128(hi_, 8)); \
+/* vpshufb masks that put bytes 0-3 | 4-7 (or 8-11 | 12-15) of a 16-byte row held in both 128-bit lanes into
+ * the low byte of each 32-bit lane, zeroing the rest: in-lane shuffles, cheaper on Zen 3 than widening halves
+ * across lanes (vpmovzxbd from a register; one-row Q4_1 matmul 0.71x the time, eight rows 0.88x) */
+#define LS_BYTES_TO_DWORDS_0_7 _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, \
+    4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1)
+#define LS_BYTES_TO_DWORDS_8_15 _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, \
+    12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1)
+/* a block's 32 nibbles (16 bytes at q: element i < 16 is the low nibble of byte i, element 16 + i the high
+ * one) minus OFF, as four 8-float vectors in element order */
+#define LS_NIBBLES8(q, v, OFF) do { \
+    const __m256i b_ = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q))); \
+    const __m256i t0_ = _mm256_shuffle_epi8(b_, LS_BYTES_TO_DWORDS_0_7); \
+    const __m256i t1_ = _mm256_shuffle_epi8(b_, LS_BYTES_TO_DWORDS_8_15); \
+    const __m256i m15_ = _mm256_set1_epi32(15), off_ = _mm256_set1_epi32(OFF); \
+    v[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(t0_, m15_), off_)); \
+    v[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(t1_, m15_), off_)); \
+    v[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(t0_, 4), off_)); \
+    v[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(t1_, 4), off_)); \
 } while (0)
-#define LS_VALS_Q4_0(b, v) LS_NIBBLES8((b) + 2, v, 8, ls_i8x8_ps)
-#define LS_VALS_Q4_1(b, v) LS_NIBBLES8((b) + 4, v, 0, ls_u8x8_ps)
+#define LS_VALS_Q4_0(b, v) LS_NIBBLES8((b) + 2, v, 8)
+#define LS_VALS_Q4_1(b, v) LS_NIBBLES8((b) + 4, v, 0)
 
 /* sum of v[i] * xr[8i..8i+7] as 8 lanes, two short chains */
 static inline __m256 ls_dot4x8(const __m256 *v, const float *xr) {

@@ -189,15 +189,19 @@ static inline void ls_qg_prep_q4_k(const uint8_t *b, ls_qg_st_q4_k *st) {
     _mm256_storeu_ps(st->ds, _mm256_mul_ps(ls_bcast8_f16(b), ls_u8x8_ps(_mm_cvtsi64_si128((long long)s))));
     _mm256_storeu_ps(st->dm, _mm256_mul_ps(ls_bcast8_f16(b + 2), ls_u8x8_ps(_mm_cvtsi64_si128((long long)m))));
 }
+/* block j's 32 nibbles: the low (j even) or high (j odd) nibbles of 32 bytes, 16 at a time in both lanes */
 static inline void ls_qg_vals_q4_k(const uint8_t *b, int j, const ls_qg_st_q4_k *st, __m256 *v) {
     const __m256 ds = _mm256_broadcast_ss(st->ds + j), dm = _mm256_broadcast_ss(st->dm + j);
-    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (j >> 1))),
-                                                        _mm_cvtsi32_si128(4 * (j & 1))), _mm256_set1_epi8(15));
-    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-    v[0] = _mm256_fmsub_ps(ds, ls_u8x8_ps(lo), dm);
-    v[1] = _mm256_fmsub_ps(ds, ls_u8x8_ps(_mm_srli_si128(lo, 8)), dm);
-    v[2] = _mm256_fmsub_ps(ds, ls_u8x8_ps(hi), dm);
-    v[3] = _mm256_fmsub_ps(ds, ls_u8x8_ps(_mm_srli_si128(hi, 8)), dm);
+    const uint8_t *q = b + 16 + 32 * (j >> 1);
+    const __m128i sh = _mm_cvtsi32_si128(4 * (j & 1));
+    const __m256i m15 = _mm256_set1_epi32(15);
+    for (int h = 0; h < 2; h++) {
+        const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+        const __m256i t0 = _mm256_shuffle_epi8(t, LS_BYTES_TO_DWORDS_0_7);
+        const __m256i t1 = _mm256_shuffle_epi8(t, LS_BYTES_TO_DWORDS_8_15);
+        v[2 * h] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(t0, sh), m15)), dm);
+        v[2 * h + 1] = _mm256_fmsub_ps(ds, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(t1, sh), m15)), dm);
+    }
 }
 /* q6_k: a super-block's 16 scales d * sc (block j has 2j and 2j + 1) */
 typedef struct { float s[16]; } ls_qg_st_q6_k;
