@@ -44,9 +44,7 @@ MAG_CAP = 1e4        # ops that would let a float's magnitude bound exceed this 
 INT_MAG_CAP = 2**20  # likewise for integers (their bound feeds float tolerances after a cast; INT_MIN % -1
                      # and wrap-around have their own tests in test_backend_c.py)
 COMPILE_LIMIT_S = 60  # forming kernels and compiling a graph this small takes well under a second
-# off while C source blows up over such axes (test_backend_c.py::
-# test_shared_operands_over_an_expression_sized_axis_render_small_source, xfail)
-EXPRESSION_SIZED_INPUTS = False
+EXPRESSION_SIZED_INPUTS = True  # input axes like pos + seq (a KV cache's rows), see input_axis_size
 MAX_EXAMPLES = int(os.environ.get("LIGHTSPEED_RANDOM_EXAMPLES", "200"))
 # LIGHTSPEED_RANDOM_NO_SHRINK=1 reports failures as found (shrinking a graph can take minutes)
 PHASES = tuple(p for p in Phase if not (p is Phase.shrink and os.environ.get("LIGHTSPEED_RANDOM_NO_SHRINK")))

@@ -20,6 +20,7 @@ from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
 from ...kernel.quantized import HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout
 from ...quant import QType, block_format
 from ...ops import Op
+from .cse import Cse, is_node, sym_c
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
@@ -75,6 +76,7 @@ class KernelRenderer:
         self.plan = plan
         self.dims = set(plan.dims)
         self.rename: dict[sym.Var, str] = {}  # loop variables rendered as an expression (unrolled copies)
+        self.cse: Cse | None = None  # while an expression renders: its repeated subexpressions are named once
         self.start_kernel(None)
 
     def start_kernel(self, k: ir.Kernel | None) -> None:
@@ -103,7 +105,30 @@ class KernelRenderer:
         return name
 
     def idx(self, e: sym.sint) -> str:
-        return sym.render_c(e, self.var)
+        """C text of an index expression (int64), its repeated subexpressions named once (cse.py)."""
+        if not is_node(e):
+            return sym.render_c(e, self.var)
+        if self.cse is None:
+            return self._named_once(e, self.idx)
+        return self.cse.node(e, lambda: sym_c(e, self.idx, self.guarded), "int64_t")
+
+    def _named_once(self, root, entry) -> str:
+        def new_name() -> str:
+            self.n += 1
+            return f"_x{self.n}"
+        self.cse = Cse(new_name)
+        try:
+            return self.cse.run(root, entry)
+        finally:
+            self.cse = None
+
+    def guarded(self, x, bound: sym.Var | None = None) -> str:
+        """C text of an operand (IR or index) that the text around it evaluates only under a condition
+        (``bound``: the loop or gather variable it reads); nothing in it is named outside that condition."""
+        entry = self.expr if isinstance(x, ir.IR) else self.idx
+        if self.cse is None:
+            return entry(x)
+        return self.cse.region(x, entry, bound)
 
     def buf(self, b: ir.Buffer) -> str:
         return f"bp{self.kbufs[id(b)]}"
@@ -140,7 +165,14 @@ class KernelRenderer:
         return "0.0f" if d.is_float else "0"
 
     def expr(self, x: ir.IR) -> str:
-        """C expression for IR ``x`` in its compute type."""
+        """C expression for IR ``x`` in its compute type, its repeated subexpressions named once (cse.py)."""
+        if not is_node(x):
+            return self._expr(x)
+        if self.cse is None:
+            return self._named_once(x, self.expr)
+        return self.cse.node(x, lambda: self._expr(x), compute_type(x.dtype))
+
+    def _expr(self, x: ir.IR) -> str:
         if isinstance(x, ir.Load):
             return self.load(x.buf, x.offset)
         if isinstance(x, ir.Const):
@@ -148,7 +180,7 @@ class KernelRenderer:
         if isinstance(x, ir.Index):
             return f"(({compute_type(x.dtype)})({self.idx(x.expr)}))"
         if isinstance(x, ir.Select):
-            return f"(({self.idx(x.valid)}) ? ({self.expr(x.value)}) : {self.zero(x.dtype)})"
+            return f"(({self.idx(x.valid)}) ? ({self.guarded(x.value)}) : {self.zero(x.dtype)})"
         if isinstance(x, ir.Cast):
             return self.cast(x.arg, x.dtype)
         if isinstance(x, ir.Alu):
@@ -184,7 +216,7 @@ class KernelRenderer:
 
     def alu(self, x: ir.Alu) -> str:
         op, d = x.op, x.dtype
-        a = [self.expr(s) for s in x.args]
+        a = self.operands(x)
         if op in UNARY_C:
             return UNARY_C[op].format(a[0])
         if op is Op.LESS_THAN:
@@ -210,6 +242,18 @@ class KernelRenderer:
         u = UNSIGNED_OF.get(t, t)  # wrap-around integer arithmetic, as numpy does
         return f"(({t})(({u})({a[0]}) {sym_op} ({u})({a[1]})))"
 
+    def operands(self, x: ir.Alu) -> list[str]:
+        """The texts of ``x``'s operands in order; the dividend of an integer modulo and the value operand of
+        a product with a boolean are evaluated only under a condition (see ``alu``)."""
+        ta = [s.dtype is dt.bool_ for s in x.args]
+        if x.op is Op.MOD and not x.dtype.is_float:
+            cond = {0}
+        elif x.op is Op.MUL and ta[0] != ta[1]:
+            cond = {1 if ta[0] else 0}
+        else:
+            cond = set()
+        return [self.guarded(s) if i in cond else self.expr(s) for i, s in enumerate(x.args)]
+
     def _acc_type(self, d: dt.DType) -> str:
         return "float" if d.is_float else ("int64_t" if d.kind in "ib" else "uint64_t")
 
@@ -218,7 +262,7 @@ class KernelRenderer:
         acc = f"acc{self.n}"
         t = self._acc_type(x.dtype)
         init = self.reduce_init(x)
-        body = self.expr(x.body)
+        body = self.guarded(x.body, x.var)
         nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.body.walk())
         v = self.var(x.var)
         loop = f"for (int64_t {v} = 0; {v} < {self.idx(x.size)}; {v}++)"
@@ -253,8 +297,8 @@ class KernelRenderer:
 
     def gather(self, x: ir.Gather) -> str:
         g = self.var(x.var)
-        return (f"({{ const int64_t {g} = (int64_t)({self.expr(x.index)}); "
-                f"({g} >= 0 && {g} < {self.idx(x.rows)}) ? ({self.expr(x.body)}) : {self.zero(x.dtype)}; }})")
+        return (f"({{ const int64_t {g} = (int64_t)({self.expr(x.index)}); ({g} >= 0 && {g} < "
+                f"{self.guarded(x.rows)}) ? ({self.guarded(x.body, x.var)}) : {self.zero(x.dtype)}; }})")
 
     # kernels -----------------------------------------------------------------------
     def kernel(self, k: ir.Kernel) -> tuple[str, str]:
