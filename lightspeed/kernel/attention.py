@@ -27,6 +27,11 @@ from . import ir
 
 MAX_VALUE_WIDTH = 256  # the value accumulator of a row lives in registers/L1: [rows][width] floats
 MAX_STAGED_DEPTH = 256  # the staged key block of the product form: [depth][block] floats
+# decode (a work item of at most SPLIT_ROWS query rows) splits its keys into parts of SPLIT_KEYS, one work
+# item each, when the partial results of every part fit SPLIT_SCRATCH_BYTES of arena (see KeySplit)
+SPLIT_KEYS = 256  # 0: never split
+SPLIT_ROWS = 3
+SPLIT_SCRATCH_BYTES = 16 << 20
 
 R_PAT = (P.w * P.v).sum()
 W_PAT = P.num * P.den.sum(name="s").recip()
@@ -165,14 +170,58 @@ class StreamingAttention:
         assert idx is not None, "attention indices were proven at match time"
         score = former._read(self.chain.x, ShapeTracker.contiguous(self.chain.x.shape), idx.x)
         value = former._read(self.chain.v, self.chain.v_st, idx.full)
-        tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width)
+        split = key_split(n.shape, self.keys, self.width)
+        tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width, split)
         reads = []
         for root in (score, value):
             for x in root.walk():
                 if isinstance(x, ir.Load) and x.buf not in reads:
                     reads.append(x.buf)
         zero = ir.Const(0, dt.float32)
-        return [ir.Kernel(name, buf, n.shape, tuple(vars_), zero, "attention", template=tmpl, template_reads=reads)]
+        kern = ir.Kernel(name, buf, n.shape, tuple(vars_), zero, "attention", template=tmpl, template_reads=reads)
+        if split is not None:
+            kern.scratch = [ir.Buffer("temp", dt.float32, (), f"parts{n.id}", nbytes=split.nbytes)]
+        return [kern]
+
+
+@dataclass(frozen=True)
+class KeySplit:
+    """How a work item with few query rows (decode) splits its keys: parts of ``part_keys`` consecutive
+    keys starting at multiples of it (so where they start depends on the key index only, never on the
+    number of keys, threads or rows in a batch), one work item each, whose partial results (per row:
+    the running max m, sum l, NaN flag and value accumulator, and whether masked blocks were skipped)
+    are merged in a fixed order. The partials live in the kernel's arena scratch: a record of ``record``
+    floats per (outer index, part) (at most ``outer`` x ``parts``), laid out as m[rows], l[rows],
+    bad[rows], skipped[rows], acc[rows][width]."""
+    part_keys: int
+    rows: int
+    width: int
+    outer: int
+    parts: int
+
+    @property
+    def records(self) -> int:
+        return self.outer * self.parts
+
+    @property
+    def record(self) -> int:
+        return self.rows * (4 + self.width)
+
+    @property
+    def nbytes(self) -> int:
+        return self.records * self.record * 4
+
+
+def key_split(shape, keys: sym.sint, width: int) -> KeySplit | None:
+    """The key split of an attention with output ``shape`` (outer..., rows, width) over ``keys`` keys, or
+    None when it never has few enough rows and many enough keys, or its partials would not fit the bound
+    (decided here, once: whether a row's keys are split must not depend on the batch it runs in)."""
+    rows_lo = shape[-2].lo if isinstance(shape[-2], sym.Expr) else int(shape[-2])
+    keys_hi = sym.upper_bound(keys)
+    if SPLIT_KEYS <= 0 or rows_lo > SPLIT_ROWS or keys_hi <= SPLIT_KEYS:
+        return None
+    split = KeySplit(SPLIT_KEYS, SPLIT_ROWS, width, _numel(shape[:-2]), -(-keys_hi // SPLIT_KEYS))
+    return split if split.nbytes <= SPLIT_SCRATCH_BYTES else None
 
 
 @dataclass(eq=False)
@@ -188,6 +237,7 @@ class AttentionKernel:
     i: sym.Var
     e: sym.Var
     width: int
+    split: KeySplit | None = None  # decode's key split (partials in the kernel's scratch), if any
 
 
 def _numel(shape) -> int:

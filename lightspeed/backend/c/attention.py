@@ -8,6 +8,8 @@ whose two factors each depend on one of the two indices), the key block is stage
 dot products of ROWS x KEYS scores are accumulated as a small register-blocked matrix product;
 any other score expression is evaluated element by element. Register tiles use GNU vector types;
 the source holds one tiling per vector width and the compiler's target (``-march=native``) picks.
+In decode (few query rows) the keys of a (batch, head) may be split across work items, their partial
+results merged after the items (attention_split.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from ...kernel import ir
 from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
 from ...kernel.attention_mask import ir_vars
 from ...kernel.fusion import _coef
+from . import attention_split as ks
 from .attention_skip import block_test, key_mask, pass_close, pass_open
 from ...ops import Op
 
@@ -112,26 +115,36 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
     QB, KB, EV = int(schedule.get("rows", ROWS)), int(schedule.get("keys", KEYS)), t.width
     C = float_literal(float(t.c))
     prod = split_product(t)
-    lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
-             "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
-    lines += MACROS
-    lines += [f"    {d}" for d in r.decls(k)]
+    split = ks.active_split(k, t, QB, KB, FEW_ROWS)  # decode's keys split across items (attention_split.py)
+    P = r.idx(sym.prod(shape[:-2])) if prefix else "1"
     NI, NJ = r.idx(shape[-2]), r.idx(t.keys)
-    lines += [f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
-              f"    const int64_t NI = {NI}, NJ = {NJ}, IB = (NI + {QB - 1}) / {QB};",
-              f"    const int64_t NT = ({r.idx(sym.prod(shape[:-2])) if prefix else '1'}) * IB;  (void)NT;",
-              "    for (int64_t p = p0; p < p1; p++) {",
-              # items alternate from both ends (0, NT-1, 1, NT-2, ...): a causal mask makes later row blocks
-              # dearer, and the pool hands out runs of consecutive items, so each run gets a mix
-              "        const int64_t q = (p & 1) ? NT - 1 - (p >> 1) : (p >> 1);",
-              "        int64_t row = q / IB;", "        const int64_t ib = q % IB;"]
-    for v, sz in reversed(list(zip(prefix, shape[:-2]))):
-        lines.append(f"        const int64_t {r.var(v)} = row % {r.idx(sz)}; row /= {r.idx(sz)};")
-    lines += ["        (void)row;",
+    head = ["    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
+    head += [f"    {d}" for d in r.decls(k)]
+    head += [f"    const int64_t NI = {NI}, NJ = {NJ}, IB = (NI + {QB - 1}) / {QB};"]
+    outer = [f"        const int64_t {r.var(v)} = row % {r.idx(sz)}; row /= {r.idx(sz)};"
+             for v, sz in reversed(list(zip(prefix, shape[:-2])))]
+    # items alternate from both ends (0, NT-1, 1, NT-2, ...): a causal mask makes later row blocks
+    # dearer, and the pool hands out runs of consecutive items, so each run gets a mix
+    alternate = "(p & 1) ? NT - 1 - (p >> 1) : (p >> 1)"
+    if split is None:
+        lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {"] + MACROS + head + [
+            f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
+            f"    const int64_t NT = ({P}) * IB;  (void)NT;",
+            "    for (int64_t p = p0; p < p1; p++) {",
+            f"        const int64_t q = {alternate};",
+            "        int64_t row = q / IB;", "        const int64_t ib = q % IB;"]
+    else:  # a rerun of the merge (first_pass 1) names its item directly
+        lines = ["static void KFN_items(void *vctx, int64_t p0, int64_t p1, int first_pass) {"] + MACROS + head + [
+            f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
+            f"    const int64_t S = {ks.parts(split, QB, FEW_ROWS)};",
+            f"    const int64_t NT = ({P}) * IB * S;  (void)NT; (void)first_pass;",
+            "    for (int64_t p = p0; p < p1; p++) {",
+            f"        const int64_t q = first_pass ? p : {alternate};"] + ks.item_lines()
+    lines += outer + ["        (void)row;",
               f"        const int64_t i0 = ib * {QB}, nr = ls_min({QB}, NI - i0);",
               f"        float m[{QB}], lsum[{QB}], s[{QB}][{KB}], ps[{QB}][{KB}], acc[{QB}][{EV}], vt[{KB}][{EV}];",
               f"        int bad[{QB}];"]
-    init = [f"        for (int rr = 0; rr < {QB}; rr++) {{",
+    init = [f"        for (int rr = 0; rr < (nr < FEW_ROWS ? nr : {QB}); rr++) {{",
             "            m[rr] = -INFINITY; lsum[rr] = 0.0f; bad[rr] = 0;",
             f"            for (int e = 0; e < {EV}; e++) acc[rr][e] = 0.0f;",
             f"            for (int jj = 0; jj < {KB}; jj++) ps[rr][jj] = 0.0f;",
@@ -170,9 +183,13 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
         r.rename.pop(prod.red.var, None)
         r.rename.pop(t.i, None)
     mask = key_mask(t)  # masked key blocks are skipped (pass 0) when that is exact, see attention_skip.py
-    lines += (pass_open() if mask else []) + init
-    lines += [f"        for (int64_t j0 = 0; j0 < NJ; j0 += {KB}) {{",
-              f"            const int64_t jn = ls_min({KB}, NJ - j0);"]
+    if split is not None:
+        lines += ["        int part_skipped = 0;"] + (pass_open("first_pass") if mask else []) + init
+        lines += ks.key_range(split, KB)
+    else:
+        lines += (pass_open() if mask else []) + init
+        lines += [f"        for (int64_t j0 = 0; j0 < NJ; j0 += {KB}) {{",
+                  f"            const int64_t jn = ls_min({KB}, NJ - j0);"]
     lines += block_test(r, t, mask) if mask else []
     r.rename[t.j] = "(j0 + jj)"
     r.rename[t.e] = "e"
@@ -183,17 +200,27 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
         lines += _online_update(t, C, KB)
         lines += _values(r, t, KB, widths)
         out_off = r.idx(_dense_offset(vars_, shape))
-        lines += ["        }"] + (pass_close(mask, float_literal(mask.masked), C) if mask else [])
-        lines += ["        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
-                  "            const float inv = 1.0f / lsum[rr];",
-                  f"            for (int64_t e = 0; e < {EV}; e++)",
-                  f"                {r.buf(k.out)}[{out_off}] = NJ == 0 ? 0.0f : bad[rr] ? NAN : acc[rr][e] * inv;",
-                  "        }", "    }", "}"]
+        M = float_literal(mask.masked) if mask else None
+        lines += ["        }"] + (pass_close(mask, M, C, split is not None) if mask else [])
+        write = ["        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
+                 "            const float inv = 1.0f / lsum[rr];",
+                 f"            for (int64_t e = 0; e < {EV}; e++)",
+                 f"                {r.buf(k.out)}[{out_off}] = NJ == 0 ? 0.0f : bad[rr] ? NAN : acc[rr][e] * inv;",
+                 "        }"]
+        if split is None:
+            lines += write + ["    }", "}"]
+        else:  # a part of a split item stores its partials; the merge writes the output
+            lines += ["        if (S > 1) {"] + ks.store_lines(r, k, split) + ["        } else {"]
+            lines += ["    " + ln for ln in write] + ["        }", "    }", "}"]
+            lines += ["static void KFN(void *vctx, int64_t p0, int64_t p1) { KFN_items(vctx, p0, p1, 0); }"]
+            lines += ks.merge_function(r, k, split, head, P, outer, out_off, M, C, QB, FEW_ROWS)
     finally:
         for v in (t.i, t.j, t.e):
             r.rename.pop(v, None)
-    P = r.idx(sym.prod(shape[:-2])) if prefix else "1"
     depth = prod.depth if prod is not None else 1
+    if split is not None:
+        work = f"n0 * {QB} * NJ * {depth + EV}"
+        return "\n".join(lines), ks.launch(split, NI, NJ, P, QB, work, PARALLEL_GRAIN, FEW_ROWS)
     call = (f"    {{ const int64_t NI = {NI}, NJ = {NJ}; const int64_t n = ({P}) * ((NI + {QB - 1}) / {QB});\n"
             f"      if (n * {QB} * NJ * {depth + EV} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); "
             f"else KFN(&l, 0, n); }}")

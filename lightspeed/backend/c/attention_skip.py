@@ -59,15 +59,18 @@ def block_test(r, t: AttentionKernel, mask: KeyMask) -> list[str]:
             "            }"]
 
 
-def pass_open() -> list[str]:
-    """Before the item's state is initialised: pass 0 skips, pass 1 (if needed) does not."""
-    return ["        for (int pass = 0; pass < 2; pass++) {", "        int skipped = 0;"]
+def pass_open(first: str = "0") -> list[str]:
+    """Before the item's state is initialised: pass 0 skips, pass 1 (if needed) does not; ``first``: the
+    first pass (C)."""
+    return [f"        for (int pass = {first}; pass < 2; pass++) {{", "        int skipped = 0;"]
 
 
-def pass_close(mask: KeyMask, M: str, C: str) -> list[str]:
+def pass_close(mask: KeyMask, M: str, C: str, split: bool = False) -> list[str]:
     """After the key loop: done unless a skipped key would have had a nonzero weight in some row (a row
-    with NaN scores is NaN either way)."""
-    return ["        if (!skipped) break;",
+    with NaN scores is NaN either way). With ``split`` a part of a split item (S > 1) records whether it
+    skipped and is done: the merge decides, at the merged max (attention_split.py)."""
+    return (["        if (S > 1) { part_skipped = skipped; break; }"] if split else []) + [
+            "        if (!skipped) break;",
             "        int exact = 1;",
             "        for (int64_t rr = 0; rr < nr; rr++)",
             f"            exact &= bad[rr] || ({M} - m[rr]) * {C} < {ZERO_EXPONENT}f;",
