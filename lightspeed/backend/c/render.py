@@ -21,6 +21,7 @@ from ...kernel.quantized import HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch
 from ...quant import QType, block_format
 from ...ops import Op
 from .cse import Cse, is_node, sym_c
+from .loop_split import Split, split_inner, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
@@ -341,20 +342,47 @@ class KernelRenderer:
         elif k.schedule == "scatter":
             lines += self.scatter_body(k, vars_, jv)
         else:
-            value = self.expr(k.value)
-            nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in k.value.walk())
-            off = self.idx(_dense_offset(vars_, shape)) if k.shape else "0"
-            if not nested:
-                lines.append("        _Pragma(\"omp simd\")")
-            lines += [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
-                      f"            {self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};",
-                      "        }"]
+            dense = _dense_offset(vars_, shape) if k.shape else 0
+            split = split_inner(k.value, dense, vars_[-1], last, _loop_var)
+            if split is not None:
+                lines[lines.index("    const int64_t nch = ls_chunks(P, L), C = (L + nch - 1) / nch;")] = (
+                    f"    const int64_t nch = ls_chunks(P, L), C = ((L + nch - 1) / nch + {split.c - 1}) "
+                    f"/ {split.c} * {split.c};  /* chunks of whole split groups */")
+                lines += self.split_loop_body(k, vars_[-1], dense, split)
+            else:
+                value = self.expr(k.value)
+                nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in k.value.walk())
+                off = self.idx(dense)
+                if not nested:
+                    lines.append("        _Pragma(\"omp simd\")")
+                lines += [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
+                          f"            {self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};",
+                          "        }"]
         lines += ["    }", "}"]
         work = sym.mul(sym.prod(shape), self.work_per_item(k.value))
         call = (f"    {{ const int64_t P = {P}, L = {L}; const int64_t n = P * ls_chunks(P, L);\n"
                 f"      if (({self.idx(work)}) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); "
                 f"else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
+
+    def split_loop_body(self, k: ir.Kernel, j: sym.Var, dense: sym.sint, split: Split) -> list[str]:
+        """The innermost loop over ``j`` in [jb, je) as the two loops of ``split`` (see loop_split.py)."""
+        c, hv, lv = split.c, self.var(split.hi), self.var(split.lo)
+        out = self.buf(k.out)
+
+        def store(lo: sym.sint, pad: str) -> str:
+            mapping = {j: sym.add(sym.mul(split.hi, c), lo)}
+            value = self.expr(substitute(k.value, mapping))
+            off = self.idx(sym.to_expr(dense).substitute(mapping))
+            return f"{pad}{out}[{off}] = {self.store_value(k.out.dtype, value)};"
+        lines = [f"        for (int64_t {hv} = jb / {c}; {hv} < je / {c}; {hv}++) {{"]
+        if split.unrolled:
+            lines = ["        _Pragma(\"omp simd\")"] + lines + [store(r, " " * 12) for r in range(c)]
+        else:
+            lines += ["            _Pragma(\"omp simd\")",
+                      f"            for (int64_t {lv} = 0; {lv} < {c}; {lv}++) {{", store(split.lo, " " * 16),
+                      "            }"]
+        return lines + ["        }"]
 
     def quantized_matmul(self, k: ir.Kernel) -> tuple[str, str]:
         """out[m, n] = sum_k x[m, k] * decode(raw)[n, k]: weight rows decoded block by block in registers
