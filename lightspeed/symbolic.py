@@ -667,26 +667,10 @@ def floordiv(a: sint, b: sint) -> sint:
                 return add(quotient, floordiv(r2, dm[0] // g))
         if r.lo >= 0 and isinstance(b, Const) and r.lo // b.value == r.hi // b.value:
             return add(quotient, r.lo // b.value)
-        split = _split_small(rest, const, dm[0]) if not dm[1] else None
-        if split is not None:  # (c*t + s) // (c*m) = t // m when 0 <= s < c
-            c, t, _ = split
-            return add(quotient, floordiv(t, dm[0] // c))
         if quotient != 0:
             return add(quotient, floordiv(r, b))
         a = r
     return _simplest(FloorDiv(a, b, *_div_bounds(a, b)))
-
-
-def _split_small(terms: Mapping[Expr, int], const: int, m: int) -> tuple[int, sint, sint] | None:
-    """(c, t, s) with sum(terms) + const = c * t + s, c > 1 a divisor of ``m`` and 0 <= s < c proven, or None:
-    then floor division and modulo by ``m`` only need t (an index unravelled over an axis of c elements, such
-    as ``64 h + e`` with ``0 <= e < 64``, divided by a multiple of 64)."""
-    for c in sorted({k for k in terms.values() if 1 < k < m and m % k == 0}, reverse=True):
-        big = {t: k // c for t, k in terms.items() if k % c == 0}
-        small = _make_sum({t: k for t, k in terms.items() if k % c}, const)
-        if big and small.lo >= 0 and small.hi < c:
-            return c, _make_sum(big, 0), _simplest(small)
-    return None
 
 
 def _div_bounds(a: Expr, b: Expr) -> tuple[int, int]:
@@ -730,10 +714,6 @@ def mod(a: sint, b: sint) -> sint:
             return mod(a.a, b)
         if isinstance(b, Const) and a.lo >= 0 and a.lo // b.value == a.hi // b.value:
             return add(a, -(a.lo // b.value) * b.value)
-        split = _split_small(terms, const, dm[0]) if not dm[1] else None
-        if split is not None:  # (c*t + s) % (c*m) = c * (t % m) + s when 0 <= s < c
-            c, t, small = split
-            return add(mul(c, mod(t, dm[0] // c)), small)
     if b.lo > 0:
         lo, hi = (0, b.hi - 1) if a.lo < 0 else (0, min(a.hi, b.hi - 1))
     elif b.hi < 0:  # floor modulo takes the divisor's sign

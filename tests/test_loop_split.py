@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import lightspeed as ls
-from lightspeed import symbolic as sym
 from lightspeed.backend.c.loop_split import MIN_INNER
 from lightspeed.frontend.combine import stack
 
@@ -16,17 +15,6 @@ SPLIT = re.compile(r"for \(int64_t \w+_hi_\d+ = jb / (\d+)")
 
 def _compile_both(g, outs):
     return g.compile(outs, backend="c"), g.compile(outs, backend="reference")
-
-
-def test_symbolic_divisions_of_an_unravelled_index_drop() -> None:
-    h, e = sym.Var("h", 0, 8), sym.Var("e", 0, 63)
-    j = sym.add(sym.mul(h, 64), e)
-    assert sym.same(sym.floordiv(j, 64), h) and sym.same(sym.mod(j, 64), e)
-    assert sym.same(sym.floordiv(j, 192), sym.floordiv(h, 3))
-    assert sym.same(sym.mod(j, 192), sym.add(sym.mul(64, sym.mod(h, 3)), e))
-    # not when the small part can reach the divisor: (64 h + e) // 192 with e up to 64 keeps its division
-    e2 = sym.Var("e2", 0, 64)
-    assert isinstance(sym.to_expr(sym.floordiv(sym.add(sym.mul(h, 64), e2), 192)), sym.FloorDiv)
 
 
 @pytest.mark.parametrize("seq", [1, 5, 64])

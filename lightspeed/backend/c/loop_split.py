@@ -1,10 +1,10 @@
 """Split the innermost loop of an elementwise kernel at a constant divisor of its index arithmetic.
 
 A copy through a permuted view (``[heads, seq, d] -> [seq, heads * d]``) or an interleaved rotation indexes
-its inputs with ``j // 64`` and ``j % 64`` of the innermost loop variable ``j``: evaluated per element, those
-divisions keep the loop from vectorising (a 512-token prefill of SmolLM2 spent ~50 ms of 1.5 s in two such
-kernels). Writing ``j = c * h + e`` with ``0 <= e < c`` lets the symbolic simplifier drop the divisions
-(``(64 h + e) // 64 = h``, ``(64 h + e) // 192 = h // 3``), after which:
+its inputs with ``j // 64`` and ``j % 64`` (or ``j // 2``, ``j % 2``) of the innermost loop variable ``j``:
+evaluated per element, those divisions keep the loop from vectorising (a 512-token prefill of SmolLM2 spent
+~26 ms of 1.5 s single-thread in its interleaved K rotation). Writing ``j = c * h + e`` with ``0 <= e < c``
+lets the symbolic simplifier drop the divisions (``(64 h + e) // 64 = h``, ``(2 h + 1) % 2 = 1``), after which:
 
 - ``c >= MIN_INNER``: the inner loop runs over ``e`` (contiguous, vectorised) inside a loop over ``h``;
 - a smaller ``c`` (an even/odd interleave): the loop runs over ``h`` (vectorised) with the ``c`` values of
