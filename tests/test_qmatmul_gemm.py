@@ -8,22 +8,14 @@ import numpy as np
 import pytest
 
 import lightspeed as ls
-from lightspeed.quant import QType, block_format
+from lightspeed.quant import QType
 from lightspeed.quant.decode_graph import dequant_matrix_graph
 from cpu_flags import has_flags
+from quant_blocks import random_raw
 
 TYPES = [QType.Q8_0, QType.Q4_0, QType.Q4_1]
 ROWS = (1, 2, 3, 7, 8, 9, 13, 69)  # every micro-kernel height (6, 5, 4, 3, 2, 1 rows) and more than one block
 N = 37  # weight rows: not a multiple of the micro-kernel widths (2, 3, 4)
-
-
-def random_raw(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    fmt = block_format(qtype)
-    raw = rng.integers(0, 256, size=(rows, k // 32, fmt.block_bytes), dtype=np.uint8)
-    for p in ([0, 2] if qtype is QType.Q4_1 else [0]):  # finite float16 scale (and min) fields
-        raw[:, :, p:p + 2] = rng.uniform(-0.05, 0.05, size=(rows, k // 32)).astype(np.float16).view(np.uint8).reshape(
-            rows, k // 32, 2)
-    return raw.reshape(rows, -1)
 
 
 def build(qtype: QType, k: int, rng: np.random.Generator) -> tuple[ls.Graph, object]:

@@ -10,29 +10,15 @@ import numpy as np
 import pytest
 
 import lightspeed as ls
-from lightspeed.quant import QType, block_format
+from lightspeed.quant import QType
 from lightspeed.quant.decode_graph import dequant_matrix_graph
 from cpu_flags import has_flags
+from quant_blocks import random_raw
 
 ROWS = (1, 2, 7, 8, 9, 21)
 N = 37  # odd, not a multiple of the micro-kernel widths
 # K values: one chunk, a chunk boundary inside a super-block (1280 = 40 blocks = chunks of 20), q5_0 odd blocks
 KS = {QType.Q5_0: (96, 256, 512, 544), QType.Q4_K: (256, 512, 1280), QType.Q6_K: (256, 512, 1280)}
-SCALE_FIELDS = {QType.Q5_0: (0,), QType.Q4_K: (0, 2), QType.Q6_K: (208,)}  # byte offsets of float16 scales
-EXTREME = np.array([65504.0, -65504.0, 6e-8, -6e-8, 0.0, 1e-4, 300.0], np.float16)
-
-
-def random_raw(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Random blocks; float16 scales mostly in [-0.05, 0.05], about one in eight extreme."""
-    fmt = block_format(qtype)
-    nb = k // fmt.block_elems
-    raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
-    for off in SCALE_FIELDS[qtype]:
-        d = rng.uniform(-0.05, 0.05, size=(rows, nb)).astype(np.float16)
-        pick = rng.random((rows, nb)) < 0.125
-        d[pick] = rng.choice(EXTREME, size=int(pick.sum()))
-        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
-    return raw.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", list(KS), ids=lambda q: q.name)
@@ -43,7 +29,7 @@ def test_kquant_gemm_matches_reference_and_is_batch_independent(qtype: QType) ->
     ys, weights, names = [], [], []
     for k in KS[qtype]:
         x = g.input(f"x{k}", (seq, k))
-        w = dequant_matrix_graph(g.constant(random_raw(qtype, N, k, rng)), qtype)
+        w = dequant_matrix_graph(g.constant(random_raw(qtype, N, k, rng, extreme=0.125)), qtype)
         ys.append(x.linear(w))
         weights.append(w)
         names.append(f"x{k}")

@@ -9,21 +9,7 @@ import pytest
 import lightspeed as ls
 from lightspeed.quant import QType, block_format
 from lightspeed.quant.decode_graph import dequant_matrix_graph
-
-# byte offsets of the float16 scale fields in each block (kept finite and small in random blocks)
-F16_FIELDS = {QType.Q8_0: [0], QType.Q4_0: [0], QType.Q4_1: [0, 2], QType.Q5_0: [0], QType.Q4_K: [0, 2],
-              QType.Q6_K: [208]}
-
-
-def random_raw(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    fmt = block_format(qtype)
-    nb = k // fmt.block_elems
-    raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
-    for p in F16_FIELDS[qtype]:
-        scales = rng.uniform(-0.05, 0.05, size=(rows, nb)).astype(np.float16)
-        raw[:, :, p:p + 2] = scales.view(np.uint8).reshape(rows, nb, 2)
-    return raw.reshape(rows, nb * fmt.block_bytes)
-
+from quant_blocks import SCALE_FIELDS, random_raw
 
 def build(qtype: QType, k: int, n: int, raw: np.ndarray, with_bias: bool):
     g = ls.Graph()
@@ -35,7 +21,7 @@ def build(qtype: QType, k: int, n: int, raw: np.ndarray, with_bias: bool):
     return g, y
 
 
-@pytest.mark.parametrize("qtype", list(F16_FIELDS), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", list(SCALE_FIELDS), ids=lambda q: q.name)
 @pytest.mark.parametrize("templates,portable", [(True, False), (True, True), (False, False)],
                          ids=["template", "template-portable", "generic"])
 def test_quantized_linear_matches_reference(qtype: QType, templates: bool, portable: bool) -> None:
@@ -122,7 +108,7 @@ def test_int8_activations_stay_close_to_the_float_product(qtype: QType, portable
             assert 1e-5 < err < 2e-2  # quantised, but only by int8 rounding of the activations
 
 
-@pytest.mark.parametrize("qtype", list(F16_FIELDS), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", list(SCALE_FIELDS), ids=lambda q: q.name)
 @pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
 def test_int16_activations_stay_within_their_rounding_of_the_float_product(qtype: QType, portable: bool) -> None:
     """int16 activations (per-32-block scales amax/32767) apply to Q8_0/Q4_0/Q4_1, on every path, and stay
