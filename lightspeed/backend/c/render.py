@@ -323,8 +323,13 @@ class KernelRenderer:
         else:
             P = self.idx(sym.prod(outer)) if outer else "1"
         L = self.idx(last)
+        dense = _dense_offset(vars_, shape) if k.shape else 0
+        plain = k.schedule not in ("tiled", "scatter")
+        split = split_inner(k.value, dense, vars_[-1], last, _loop_var) if plain else None
+        # a split loop's chunks hold whole groups of split.c elements
+        C = f"((L + nch - 1) / nch + {split.c - 1}) / {split.c} * {split.c}" if split else "(L + nch - 1) / nch"
         lines += [f"    const int64_t P = {P}, L = {L};", "    (void)P;",
-                  "    const int64_t nch = ls_chunks(P, L), C = (L + nch - 1) / nch;",
+                  f"    const int64_t nch = ls_chunks(P, L), C = {C};",
                   "    for (int64_t p = p0; p < p1; p++) {",
                   "        int64_t row = p / nch;", "        const int64_t ch = p % nch;"]
         decomposed = list(zip(vars_[:-1], outer))
@@ -341,23 +346,17 @@ class KernelRenderer:
             lines += self.tiled_body(k, vars_, jv, vars_[-2] if blocked else None)
         elif k.schedule == "scatter":
             lines += self.scatter_body(k, vars_, jv)
+        elif split is not None:
+            lines += self.split_loop_body(k, vars_[-1], dense, split)
         else:
-            dense = _dense_offset(vars_, shape) if k.shape else 0
-            split = split_inner(k.value, dense, vars_[-1], last, _loop_var)
-            if split is not None:
-                lines[lines.index("    const int64_t nch = ls_chunks(P, L), C = (L + nch - 1) / nch;")] = (
-                    f"    const int64_t nch = ls_chunks(P, L), C = ((L + nch - 1) / nch + {split.c - 1}) "
-                    f"/ {split.c} * {split.c};  /* chunks of whole split groups */")
-                lines += self.split_loop_body(k, vars_[-1], dense, split)
-            else:
-                value = self.expr(k.value)
-                nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in k.value.walk())
-                off = self.idx(dense)
-                if not nested:
-                    lines.append("        _Pragma(\"omp simd\")")
-                lines += [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
-                          f"            {self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};",
-                          "        }"]
+            value = self.expr(k.value)
+            nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in k.value.walk())
+            off = self.idx(dense)
+            if not nested:
+                lines.append("        _Pragma(\"omp simd\")")
+            lines += [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
+                      f"            {self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};",
+                      "        }"]
         lines += ["    }", "}"]
         work = sym.mul(sym.prod(shape), self.work_per_item(k.value))
         call = (f"    {{ const int64_t P = {P}, L = {L}; const int64_t n = P * ls_chunks(P, L);\n"
