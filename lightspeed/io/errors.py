@@ -1,4 +1,4 @@
-"""The one error type every loader raises for a file it cannot use."""
+"""The error types the loaders and the chat-template renderer raise."""
 from __future__ import annotations
 
 import os
@@ -18,3 +18,12 @@ class ModelFormatError(ValueError):
 
     def __reduce__(self):  # keep the two fields when pickled (e.g. across processes)
         return (type(self), (self.path, self.problem))
+
+
+class ChatTemplateError(ValueError):
+    """The template is invalid, or raised an error (``raise_exception``) for these messages."""
+
+
+class ChatTemplateLimitError(ChatTemplateError):
+    """The template ran past a bound of ``TemplateLimits`` (time, loop iterations, output size, call
+    depth) and was stopped."""
