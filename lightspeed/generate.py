@@ -8,8 +8,9 @@
     gen.token_ids, gen.finish_reason, gen.stats      # filled in as it runs
 
 The cache remembers which tokens it holds, so a later call whose prompt starts with the
-same tokens (the next turn of a chat) only runs the new ones. Sampling happens in numpy
-on the logits of the last position; a fixed seed makes it reproducible.
+same tokens (the next turn of a chat) only runs the new ones. Sampling (lightspeed.sampling,
+whose names this module re-exports) happens in numpy on the logits of the last position; a
+fixed seed makes it reproducible.
 """
 from __future__ import annotations
 
@@ -19,93 +20,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .sampling import Sampler, SamplingParams, apply_repetition_penalty, filter_logits
+
 if TYPE_CHECKING:
     from .io import Tokenizer
     from .models.base import CompiledLM
 
-
-# sampling -------------------------------------------------------------------------------------------
-@dataclass
-class SamplingParams:
-    """How the next token is picked. ``temperature == 0`` is greedy (argmax, first on ties);
-    ``top_k == 0``, ``top_p == 1``, ``min_p == 0`` and ``repetition_penalty == 1`` switch those off."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-
-    def check(self) -> None:
-        if not (self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-
-
-def apply_repetition_penalty(logits: np.ndarray, previous: Iterable[int], penalty: float) -> np.ndarray:
-    """CTRL's penalty as Hugging Face applies it: each token seen before has its logit divided by
-    ``penalty`` when positive and multiplied by it when negative."""
-    ids = np.unique(np.fromiter(previous, dtype=np.int64))
-    if penalty == 1.0 or ids.size == 0:
-        return logits
-    out = logits.copy()
-    seen = out[ids]
-    out[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
-    return out
-
-
-def filter_logits(logits: np.ndarray, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
-    """Set the logits of tokens outside the top-k / nucleus (top-p) / min-p sets to -inf.
-    The most likely token always survives. Ties at the top-k boundary are all kept."""
-    out = logits.astype(np.float64)
-    if top_k and top_k < out.size:
-        kth = np.partition(out, -top_k)[-top_k]
-        out[out < kth] = -np.inf
-    if top_p < 1.0 or min_p > 0.0:
-        probs = _softmax(out)
-        if top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cumulative = np.cumsum(probs[order])
-            # keep the smallest prefix whose mass reaches top_p (its last token included)
-            n_keep = int(np.searchsorted(cumulative, top_p, side="left")) + 1
-            out[order[n_keep:]] = -np.inf
-        if min_p > 0.0:
-            out[probs < min_p * probs.max()] = -np.inf
-    return out
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - np.max(x))
-    return e / e.sum()
-
-
-class Sampler:
-    """Picks tokens from logits with ``SamplingParams``; its random generator is seeded once."""
-
-    def __init__(self, params: SamplingParams | None = None):
-        self.params = params or SamplingParams()
-        self.params.check()
-        self.rng = np.random.default_rng(self.params.seed)
-
-    def __call__(self, logits: np.ndarray, previous: Sequence[int] = ()) -> int:
-        p = self.params
-        x = np.asarray(logits, dtype=np.float32).reshape(-1)
-        x = apply_repetition_penalty(x, previous, p.repetition_penalty)
-        if p.temperature == 0:
-            return int(np.argmax(x))
-        x = filter_logits(x.astype(np.float64) / p.temperature, p.top_k, p.top_p, p.min_p)
-        probs = _softmax(x)
-        # inverse-CDF sampling with one uniform draw: reproducible for a seed and platform-independent
-        u = self.rng.random()
-        return int(min(np.searchsorted(np.cumsum(probs), u * probs.sum(), side="right"), probs.size - 1))
+__all__ = ["Sampler", "SamplingParams", "apply_repetition_penalty", "filter_logits", "KVCache", "ContextFullError",
+           "GenerationStats", "StopStringFilter", "Generation", "generate"]
 
 
 # KV cache ---------------------------------------------------------------------------------------------
