@@ -3,7 +3,9 @@
 Cache entries are keyed by a hash of the source, the compiler and its version, the
 flags, the Lightspeed version and the CPU, and written atomically (compile to a
 private temporary name, then rename), so concurrent processes compiling the same
-graph both succeed and leave one valid entry.
+graph both succeed and leave one valid entry. Each shared object has a checksum
+file, verified before the object is handed out (and so before any ``dlopen``): a
+truncated or corrupted entry is rebuilt with a warning (see cache_files.py).
 """
 from __future__ import annotations
 
@@ -13,22 +15,15 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-CACHE_ENV = "LIGHTSPEED_CACHE_DIR"
+from . import cache_files
+from .cache_files import CACHE_ENV, cache_dir  # noqa: F401 - part of this module's interface
 
 
 class CompilerError(RuntimeError):
     """The C compiler is missing or rejected generated code."""
-
-
-def cache_dir() -> Path:
-    """The on-disk cache directory (``$LIGHTSPEED_CACHE_DIR`` or ``~/.cache/lightspeed``)."""
-    d = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "lightspeed")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def find_compiler() -> str:
@@ -89,39 +84,54 @@ def cache_key(source: str, cc: str, flags: list[str]) -> str:
 
 def compile_shared(source: str, flags: list[str] | None = None, cc: str | None = None,
                    extra_libs: list[str] | None = None) -> Path:
-    """Path of a shared object built from ``source``, from the cache when present."""
+    """Path of a shared object built from ``source``, from the cache when present; an entry is returned
+    only after its checksum was verified (a corrupt one is rebuilt), so the path is safe to ``dlopen``."""
     cc = cc or find_compiler()
     flags = list(flags) if flags is not None else default_flags()
     key = cache_key(source, cc, flags + (extra_libs or []))
     d = cache_dir()
     path = d / f"{key}.so"
-    if path.exists():
+    ok, problem = cache_files.verified(path, key)
+    if ok:
         return path
-    fd, tmp_c = tempfile.mkstemp(prefix=f".{key}.", suffix=".c", dir=d)
+    if problem is not None:
+        cache_files.warn(f"discarding the cached shared object {path}: {problem}; rebuilding it")
+    cache_files.remove_stale_temps(d)
+    try:
+        _build(source, cc, flags, extra_libs or [], d, key, path)
+    except OSError as e:  # the directory vanished, filled up or became read-only under us
+        raise CompilerError(f"cannot write the compiled object into the cache directory {d}: "
+                            f"{e.strerror or e}") from None
+    return path
+
+
+def _build(source: str, cc: str, flags: list[str], extra_libs: list[str], d: Path, key: str, path: Path) -> None:
+    """Compile ``source`` in ``d`` under a private temporary name, then install it as ``path``."""
+    fd, tmp_c = cache_files.temp_file(d, key, ".c")
     tmp_so = tmp_c[:-2] + ".so"
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        cmd = cc.split() + flags + [tmp_c, "-o", tmp_so] + (extra_libs or [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        cmd = cc.split() + flags + [tmp_c, "-o", tmp_so] + extra_libs
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:  # not an error of the cache directory (handled by the caller)
+            raise CompilerError(f"cannot run the C compiler {cc!r}: {e.strerror or e}") from None
         if proc.returncode != 0:
             keep = d / f"failed-{key}.c"
             shutil.copyfile(tmp_c, keep)
             raise CompilerError(f"C compilation failed ({' '.join(cmd[:3])} ...); source kept at {keep}:\n"
                                 f"{proc.stderr[-4000:]}")
-        os.replace(tmp_so, path)  # atomic: readers see either nothing or a complete file
+        cache_files.install(tmp_so, path, key)  # atomic, with its checksum file
         source_copy = d / f"{key}.c"
         if not source_copy.exists():
-            with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
-                f.write(source)
-            os.replace(f.name, source_copy)
+            cache_files.write_atomic(source_copy, key, source.encode())
     finally:
         for p in (tmp_c, tmp_so):
             try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
-    return path
 
 
 _RUNTIME: ctypes.CDLL | None = None

@@ -26,15 +26,20 @@ inputs, constants and outputs, the arena size). The C compiler is still reached 
 ``compile_shared``, whose own cache is keyed by the source. An entry is written only after the
 buffer table rebuilt from the program alone has been checked against the freshly formed plan,
 and the full kernel plan is formed again on demand (``CachedPlan.kernels``), e.g. for profiling.
+
+An entry carries its key and a sha256 of (key, table, source), and is written atomically (temporary
+file, fsync, rename). A loaded entry is used only when the checksum matches and the table passes
+``validate`` against the program being compiled (slot numbers, kinds, counts, which outputs share a
+buffer; dtypes and shapes are taken from the program itself); the arena size cannot be checked without
+forming the kernels, so it is covered by the checksum. Anything else is discarded with a warning and
+rebuilt, so an edited or damaged entry can never reach native code.
 """
 from __future__ import annotations
 
 import enum
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -45,9 +50,9 @@ from ...graph import ArrayConst, Node, Program
 from ...kernel import Buffer, KernelPlan, form_kernels
 from ...ops import Op
 from ...shape import ShapeTracker
-from .compiler import cache_dir
+from . import cache_files
 
-FORMAT = 1  # bump when the entry layout changes
+FORMAT = 2  # bump when the entry layout changes (2: key and checksum in the entry)
 
 
 class Uncacheable(Exception):
@@ -285,8 +290,72 @@ def _same_buffer(a: Buffer, b: Buffer) -> bool:
             and len(a.shape) == len(b.shape) and all(sym.same(x, y) for x, y in zip(a.shape, b.shape)))
 
 
+def _int_list(x: Any, what: str) -> list[int]:
+    if not isinstance(x, list) or not all(type(v) is int for v in x):
+        raise Uncacheable(f"{what} is not a list of integers")
+    return x
+
+
+def validate(program: Program, table: Any) -> None:
+    """Raise Uncacheable (with the reason) unless ``table`` is a buffer table that compiling ``program``
+    could produce: inputs in the program's order at slots 0.., constants at distinct array-constant
+    nodes, outputs that are new buffers (``out{k}``) or donated inputs of matching dtype and shape, and
+    every slot used exactly once. The arena size is only checked to be a non-negative integer."""
+    if not isinstance(table, dict):
+        raise Uncacheable("the table is not an object")
+    arena = table.get("arena_bytes")
+    if type(arena) is not int or arena < 0:
+        raise Uncacheable(f"arena size {arena!r} is not a non-negative integer")
+    n_in = len(program.inputs)
+    inputs = _int_list(table.get("inputs"), "the input slots")
+    if inputs != list(range(n_in)):  # kernel formation numbers the inputs first, in the program's order
+        raise Uncacheable(f"input slots {inputs} are not 0..{n_in - 1} in the program's order")
+    slots = list(inputs)
+    nodes = program.nodes
+    consts = table.get("consts")
+    if not isinstance(consts, list):
+        raise Uncacheable("the constants are not a list")
+    seen_nodes = set()
+    for c in consts:
+        slot, k = _int_list(c, "a constant entry") if isinstance(c, list) and len(c) == 2 else (None, None)
+        if slot is None or not 0 <= k < len(nodes) or k in seen_nodes:
+            raise Uncacheable(f"constant entry {c!r} is malformed or repeats a node")
+        if nodes[k].op is not Op.CONST or not isinstance(nodes[k].arg, ArrayConst):
+            raise Uncacheable(f"constant entry {c!r} does not name an array constant of the program")
+        seen_nodes.add(k)
+        slots.append(slot)
+    outputs = table.get("outputs")
+    if not isinstance(outputs, list) or len(outputs) != len(program.outputs):
+        raise Uncacheable(f"the outputs do not match the program's {len(program.outputs)}")
+    input_at = {n.arg: (k, n) for k, n in enumerate(program.inputs)}
+    for k, o in enumerate(outputs):
+        if not (isinstance(o, list) and len(o) == 4 and type(o[1]) is int and type(o[3]) is int):
+            raise Uncacheable(f"output entry {k} is malformed")
+        kind, slot, name, first = o
+        node = program.outputs[k][0]
+        if not 0 <= first <= k or outputs[first][3] != first:
+            raise Uncacheable(f"output {k} shares the buffer of output {first}, which is not a first use")
+        if first != k:
+            if outputs[first][:3] != o[:3] or program.outputs[first][0] is not node:
+                raise Uncacheable(f"output {k} shares a buffer with output {first}, which computes another value")
+        elif kind == "input":
+            k_in, src = input_at.get(name, (None, None))
+            if src is None or name not in program.donated or slot != k_in:
+                raise Uncacheable(f"output {k} is written into {name!r}, which is not a donated input at that slot")
+            if src.dtype is not node.dtype or len(src.shape) != len(node.shape) or not all(
+                    sym.same(a, b) for a, b in zip(src.shape, node.shape)):
+                raise Uncacheable(f"output {k} does not have the dtype and shape of input {name!r}")
+        elif kind == "output" and name == f"out{k}":
+            slots.append(slot)
+        else:
+            raise Uncacheable(f"output entry {k} has kind {kind!r} and name {name!r}")
+    if sorted(slots) != list(range(len(slots))):
+        raise Uncacheable("the slots are not numbered 0.. with each used once")
+
+
 def _check(program: Program, plan: KernelPlan, table: dict, form_options: dict[str, Any]) -> None:
     """Raise Uncacheable unless the table rebuilt from the program alone equals the plan's."""
+    validate(program, json.loads(json.dumps(table)))  # an entry that load would refuse is not written
     got = CachedPlan(program, json.loads(json.dumps(table)), form_options)
     ok = (got.arena_bytes == plan.arena_bytes and len(got.inputs) == len(plan.inputs)
           and all(_same_buffer(a, b) for a, b in zip(got.inputs, plan.inputs))
@@ -303,39 +372,64 @@ def _check(program: Program, plan: KernelPlan, table: dict, form_options: dict[s
 
 
 def _path(key: str) -> Path:
-    d = cache_dir() / "plans"
-    d.mkdir(exist_ok=True)
-    return d / f"{key}.json"
+    return cache_files.cache_subdir("plans") / f"{key}.json"
+
+
+def checksum(key: str, table: Any, source: str) -> str:
+    """The sha256 an entry records over its key, table and source."""
+    payload = json.dumps([key, table, source], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _entry(key: str, program: Program, form_options: dict[str, Any], entry: Any) -> tuple[CachedPlan, str]:
+    """(plan, source) of a parsed entry; raises Uncacheable (with the reason) when it cannot be used."""
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+        raise Uncacheable("it has another format")
+    if entry.get("key") != key:
+        raise Uncacheable(f"it belongs to another key ({entry.get('key')!r})")
+    table, source = entry.get("table"), entry.get("source")
+    if not isinstance(source, str) or entry.get("sha256") != checksum(key, table, source):
+        raise Uncacheable("its checksum does not match (edited or corrupted)")
+    validate(program, table)
+    return CachedPlan(program, table, form_options), source
 
 
 def load(key: str, program: Program, form_options: dict[str, Any]) -> tuple[CachedPlan, str] | None:
-    """(plan, source) of the entry ``key``, or None when there is none (or it is unreadable)."""
+    """(plan, source) of the entry ``key``, or None when there is none; an entry that is unreadable,
+    fails its checksum or does not fit ``program`` is discarded with a warning (and rebuilt by the caller)."""
+    path = _path(key)
     try:
-        with open(_path(key)) as f:
-            entry = json.load(f)
-        if entry.get("format") != FORMAT:
-            return None
-        return CachedPlan(program, entry["table"], form_options), entry["source"]
-    except (OSError, ValueError, KeyError, IndexError, TypeError, Uncacheable):
+        text = path.read_bytes()
+    except FileNotFoundError:
         return None
+    except OSError as e:
+        problem = f"it cannot be read ({e.strerror})"
+    else:
+        try:
+            return _entry(key, program, form_options, json.loads(text))
+        except ValueError as e:  # not JSON (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+            problem = f"it is not valid JSON ({e})"
+        except (Uncacheable, KeyError, IndexError, TypeError) as e:
+            problem = str(e) or type(e).__name__
+    cache_files.warn(f"discarding the cached plan {path}: {problem}; rebuilding it")
+    return None
 
 
 def store(key: str, program: Program, plan: KernelPlan, source: str, form_options: dict[str, Any]) -> bool:
-    """Write the entry ``key`` (atomically); False when the plan cannot be cached."""
+    """Write the entry ``key`` (atomically, with its checksum); False when the plan cannot be cached."""
     try:
         table = _table(program, plan)
         _check(program, plan, table, form_options)
     except Uncacheable:
         return False
     path = _path(key)
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=path.parent)
+    cache_files.remove_stale_temps(path.parent)
+    entry = {"format": FORMAT, "key": key, "sha256": checksum(key, table, source), "table": table, "source": source}
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": FORMAT, "table": table, "source": source}, f)
-        os.replace(tmp, path)  # readers see the old entry, none, or the complete new one
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        cache_files.write_atomic(path, key, json.dumps(entry).encode())
+    except OSError as e:  # a full or read-only disk costs the next compile its shortcut, nothing else
+        cache_files.warn(f"cannot write the cached plan {path}: {e.strerror or e}")
+        return False
     return True
 
 
