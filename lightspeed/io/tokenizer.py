@@ -4,7 +4,7 @@
     ids = tok.encode("Hello world")                                  # list[int]
     tok.decode(ids)                                                  # "Hello world"
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
-    ids = tok.encode(prompt, add_special_tokens=False)
+    ids = tok.encode_chat(messages, add_generation_prompt=True)      # its ids; message text stays text
     stream = tok.stream()                                            # incremental detokenizer
     for i in generated_ids:
         print(stream.push(i), end="")                                # text complete so far, never a broken character
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 if TYPE_CHECKING:  # the tokenizers library is imported when a tokenizer is built (~4 MB resident)
     from tokenizers import Tokenizer as Backend
 
+from . import chat_encode
 from .chat_template import render_chat
 from .errors import ModelFormatError
 from .gguf import GGUFFile, load_gguf
@@ -83,6 +84,7 @@ class Tokenizer:
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
         self.chat_template = chat_template
         self._extra_stop = {int(i) for i in extra_stop_ids}
+        self._plain_backend: Backend | None = None  # a copy that reads special-token strings as text (lazy)
 
     # construction ------------------------------------------------------------------------------------
     @classmethod
@@ -171,6 +173,20 @@ class Tokenizer:
             raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    @property
+    def special_tokens(self) -> dict[int, str]:
+        """The special (control) tokens that ``encode`` parses in text: id -> string."""
+        return {i: t.content for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as plain text: a special-token string becomes ordinary pieces."""
+        if self._plain_backend is None:
+            from tokenizers import Tokenizer as Backend
+            plain = Backend.from_str(self.backend.to_str())
+            plain.encode_special_tokens = True
+            self._plain_backend = plain
+        return self._plain_backend.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of ``ids`` (bytes of an unfinished character become U+FFFD)."""
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -187,6 +203,20 @@ class Tokenizer:
             raise ValueError(f"{self.source or 'this tokenizer'} has no chat template; pass chat_template=")
         return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
                            bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+
+    def encode_chat(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = False,
+                    chat_template: str | None = None, **extra: Any) -> list[int]:
+        """Token ids of ``messages`` rendered with the chat template, where the template's own markers are
+        special tokens and text inside the messages never is (``<|im_end|>`` in a user message stays text).
+        For messages without special-token strings: ``encode(apply_chat_template(...), False)`` exactly."""
+        specials = self.special_tokens
+        nonce = chat_encode.new_nonce()
+        masked, table = chat_encode.mask_messages(messages, list(specials.values()), nonce)
+        text = self.apply_chat_template(masked, add_generation_prompt=add_generation_prompt,
+                                        chat_template=chat_template, **extra)
+        text, spans = chat_encode.restore(text, table, nonce)
+        enc = self.backend.encode(text, add_special_tokens=False)
+        return chat_encode.splice_plain(enc.ids, enc.offsets, text, spans, set(specials), self.encode_plain)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.source!r}, vocab={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r})"

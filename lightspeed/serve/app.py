@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generate import SamplingParams
+from ..io.errors import ChatTemplateLimitError
 from .engine import Engine, EngineStoppedError, QueueFullError
 from .protocol import (
     APIError,
@@ -326,9 +327,14 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await _body(state, request, ChatCompletionRequest)
         _check_model(state, req.model, "generate")
+        # rendering runs on a worker thread (the template is the model file's code, bounded by its limits) and
+        # tokenizes the messages' text as text: "<|im_end|>" in a message is never a control token
         try:
-            ids = await run_in_threadpool(state.model.chat_ids, req.chat_messages())
-        except Exception as e:  # noqa: BLE001 - the template may reject a conversation (roles out of order)
+            ids = await run_in_threadpool(state.model.tokenizer.encode_chat, req.chat_messages(), True)
+        except ChatTemplateLimitError as e:
+            raise APIError(500, f"the model's chat template was stopped: {e}", type="server_error",
+                           code="chat_template_limit") from None
+        except ValueError as e:  # ChatTemplateError: the template rejects this conversation (roles out of order)
             raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
         stream = _Stream(state, ids, _options(state, req, len(ids), req.limit()))
         rid, created = _new_id("chatcmpl"), int(time.time())
