@@ -11,6 +11,27 @@ from .graph import Program
 from .shape import _shape_str
 
 
+# numpy's flag bits (ndarray.flags.num) a donated input needs: C-contiguous, aligned, writeable
+DONATABLE_FLAGS = 0x0001 | 0x0100 | 0x0400
+
+
+def check_donated(name: str, a: np.ndarray) -> None:
+    """Raise ValueError unless ``a`` can be updated in place as the donated input ``name``: native code
+    writes it directly, so read-only memory would crash the process (or change immutable bytes), and a
+    non-contiguous or misaligned array would be copied, leaving the caller's array unchanged."""
+    flags = a.flags
+    if not flags.writeable:
+        raise ValueError(f"input {name!r} is donated (updated in place) but is read-only (a np.memmap opened "
+                         "with mode 'r', np.frombuffer of bytes, or a read-only view?); pass a writable array, "
+                         "e.g. np.array(x)")
+    if not flags.c_contiguous:
+        raise ValueError(f"input {name!r} is donated (updated in place) but is not C-contiguous; pass "
+                         "np.ascontiguousarray(x) and use the array returned")
+    if not flags.aligned:
+        raise ValueError(f"input {name!r} is donated (updated in place) but its data is not aligned to its "
+                         f"{a.dtype.itemsize}-byte elements; pass an aligned copy, e.g. np.array(x)")
+
+
 class Executor(Protocol):
     def run(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[np.ndarray]: ...
 
@@ -34,7 +55,7 @@ class CompiledGraph:
                     self._late_checks = True
                 else:
                     axes.append((k, 0, int(s)))
-            self._spec.append((n.arg, len(n.shape), n.dtype.np, tuple(axes)))
+            self._spec.append((n.arg, len(n.shape), n.dtype.np, tuple(axes), n.arg in program.donated))
         self._bounds = [(v.name, v.lo, v.hi) for v in program.dims]
         # output dtypes and shapes for checking ``out`` arrays quickly: an axis is an int, a dimension's
         # name, or an expression
@@ -75,6 +96,8 @@ class CompiledGraph:
                         raise ValueError(f"input {name!r} axis {ax} has size {actual}, but dimension {s.name!r} "
                                          f"is {env[s.name]}")
                     env[s.name] = actual
+            if name in self.program.donated:
+                check_donated(name, a)
             arrays[name] = a
         for v in self.program.dims:
             if v.name not in env:
@@ -99,9 +122,11 @@ class CompiledGraph:
                 if type(v) is not int:
                     return None
                 env[k] = v
-        for name, nd, npdt, axes in self._spec:
+        for name, nd, npdt, axes, donated in self._spec:
             a = inputs.get(name)
             if type(a) is not np.ndarray or a.dtype != npdt or a.ndim != nd:
+                return None
+            if donated and a.flags.num & DONATABLE_FLAGS != DONATABLE_FLAGS:
                 return None
             shp = a.shape
             for k, kind, val in axes:
