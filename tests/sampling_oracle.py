@@ -66,9 +66,14 @@ class RefSampler:
 
 # logits ------------------------------------------------------------------------------------------------
 def lm_like(rng: np.random.Generator, n: int) -> np.ndarray:
-    """A peaked distribution over a flat tail, roughly like a language model's next-token logits."""
-    x = rng.standard_normal(n) * 2.0
-    x[rng.integers(0, n, 20)] += rng.exponential(6.0, 20)
+    """Logits shaped like a small language model's next-token logits: a bulk with standard deviation 4 and
+    a head of 256 tokens 16-23 above its middle, spaced by exponential gaps of a random scale. At
+    temperature 0.8 the 0.95 nucleus of 49,152 such logits has 4 / 13 / 113 tokens at the 10th / 50th /
+    90th percentile (SmolLM2-135M on a chat prompt: 2 / 7 / 180)."""
+    x = rng.standard_normal(n) * 4.0
+    head = rng.choice(n, min(n, 256), replace=False)
+    gaps = rng.exponential(np.exp(rng.uniform(np.log(0.2), np.log(3.0))), head.size)
+    x[head] = rng.uniform(16.0, 23.0) - np.cumsum(gaps)
     return x.astype(np.float32)
 
 
