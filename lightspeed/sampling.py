@@ -154,7 +154,7 @@ def select(x: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0
         # the top-k set is the whole support, so its own sum is the normaliser
         ids = top_set(x, top_k)
         return _filter(x, ids, temperature, top_p, min_p, normaliser=None)
-    xmax = x.max()
+    xmax = _finite_max(x)
     if top_p >= 1.0:
         # min-p alone keeps x / T - max / T >= log(min_p): preselect in logit space with a margin far
         # above rounding, then decide exactly on the preselected tokens
@@ -179,6 +179,9 @@ def _filter(x: np.ndarray, ids: np.ndarray, temperature: float, top_p: float, mi
     below all of them). ``normaliser`` is the exp-sum of the whole distribution relative to its max,
     None when the candidates are the whole support. With ``need_cover``, None when the answer depends
     on tokens outside the candidates (top-p's mass is not reached and min-p excludes none of them)."""
+    if ids.size == 0:
+        raise ValueError("sampling: every logit is -inf")
+    # candidates are divided by T in float64, as the plain definition does, so their values are its own
     z = x[ids].astype(np.float64) / temperature
     z -= z.max()
     e = np.exp(z)
@@ -213,9 +216,16 @@ def _exp_sum(x: np.ndarray, xmax, temperature: float) -> float:
 def _full_softmax(x: np.ndarray, temperature: float) -> np.ndarray:
     """Unnormalised softmax weights of x / T over the whole vocabulary (the draw normalises)."""
     with np.errstate(over="ignore"):  # as in _exp_sum
-        buf = np.subtract(x, x.max())
+        buf = np.subtract(x, _finite_max(x))
         np.multiply(buf, buf.dtype.type(1.0 / temperature), out=buf)
     return np.exp(buf, out=buf)
+
+
+def _finite_max(x: np.ndarray):
+    xmax = x.max()
+    if xmax == -np.inf:
+        raise ValueError("sampling: every logit is -inf")
+    return xmax
 
 
 # drawing ---------------------------------------------------------------------------------------------
@@ -261,9 +271,14 @@ class Sampler:
     def distribution(self, logits: np.ndarray, previous: Sequence[int] = ()) -> Candidates:
         """The tokens that may be drawn next and their probabilities (temperature > 0)."""
         p = self.params
+        if p.temperature == 0:
+            raise ValueError("greedy sampling has no distribution: the argmax is drawn")
         return select(self._penalised(logits, previous), p.temperature, p.top_k, p.top_p, p.min_p)
 
     def __call__(self, logits: np.ndarray, previous: Sequence[int] = ()) -> int:
+        """The next token for ``logits`` (one row over the vocabulary). ``previous`` (the tokens so far,
+        read only with a repetition penalty) is typically one list that grows between calls: then only
+        its new tail is looked at, after a check that the rest is unchanged."""
         p = self.params
         x = self._penalised(logits, previous)
         if p.temperature == 0:

@@ -143,3 +143,10 @@ def test_select_whole_vocabulary_without_filters():
     ids, weights = select(x, 1.0)
     assert ids is None
     np.testing.assert_allclose(weights / weights.sum(), ref_softmax(x.astype(np.float64)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(top_k=5), dict(top_p=0.9), dict(min_p=0.1)])
+def test_all_minus_inf_is_an_error(options):
+    x = np.full(100, -np.inf, dtype=np.float32)
+    with pytest.raises(ValueError, match="every logit is -inf"):
+        Sampler(SamplingParams(temperature=1.0, **options))(x)
