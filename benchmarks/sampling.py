@@ -66,13 +66,18 @@ class Recorder:
 
 
 def model_rows(path: str | None, n: int = 64) -> list[np.ndarray]:
-    """The next-token logits of ``n`` steps of a greedy chat reply by the model at ``path``."""
+    """The next-token logits of ``n`` steps of a greedy chat reply (a plain continuation where the model has
+    no chat template) by the model at ``path``."""
     import lightspeed.api as lsa
     from lightspeed.generate import Generation, KVCache
 
     model = lsa.load(path, progress=False)
-    gen = Generation(model.step, model.tokenizer, model.chat_ids("Write a short story about a robot who paints."),
-                     max_tokens=n, stop_ids=[], cache=KVCache(model.step))
+    prompt = "Write a short story about a robot who paints."
+    try:
+        ids = model.chat_ids(prompt)
+    except ValueError:                            # no chat template in the file: the plain prompt
+        ids = model.prompt_ids(prompt)
+    gen = Generation(model.step, model.tokenizer, ids, max_tokens=n, stop_ids=[], cache=KVCache(model.step))
     gen.sampler = recorder = Recorder()
     gen.run()
     return recorder.rows
