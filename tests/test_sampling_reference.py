@@ -150,3 +150,26 @@ def test_all_minus_inf_is_an_error(options):
     x = np.full(100, -np.inf, dtype=np.float32)
     with pytest.raises(ValueError, match="every logit is -inf"):
         Sampler(SamplingParams(temperature=1.0, **options))(x)
+
+
+@pytest.mark.parametrize("vocab", [49152, 262144])
+def test_real_vocabulary_sizes_match_the_oracle(vocab):
+    """SmolLM2's and Gemma 3's vocabulary sizes, where the candidate sets are a tiny share of the tokens and
+    top-p alone often needs the second candidate size."""
+    rng = np.random.default_rng(vocab)
+    options = [dict(top_k=40, top_p=0.95, repetition_penalty=1.1), dict(top_p=0.95), dict(top_p=0.999),
+               dict(min_p=0.05), dict(top_k=40), dict()]
+    history = rng.integers(0, vocab, 300).tolist()
+    for row in range(3):
+        x = lm_like(rng, vocab)
+        for i, opt in enumerate(options):
+            params = SamplingParams(temperature=0.8, seed=row * 10 + i, **opt)
+            ours, theirs = Sampler(params), RefSampler(params)
+            ids, weights = ours.distribution(x, history)
+            want = theirs.distribution(x, history)
+            if ids is None:
+                np.testing.assert_allclose(weights / weights.sum(dtype=np.float64), want, rtol=2e-5, atol=1e-12)
+            else:
+                np.testing.assert_array_equal(ids, np.flatnonzero(want > 0))
+                np.testing.assert_allclose(weights, want[ids], rtol=1e-9)
+            assert [ours(x, history) for _ in range(10)] == [theirs(x, history) for _ in range(10)], opt
