@@ -173,3 +173,18 @@ def test_real_vocabulary_sizes_match_the_oracle(vocab):
                 np.testing.assert_array_equal(ids, np.flatnonzero(want > 0))
                 np.testing.assert_allclose(weights, want[ids], rtol=1e-9)
             assert [ours(x, history) for _ in range(10)] == [theirs(x, history) for _ in range(10)], opt
+
+
+def test_the_documented_tie_rules():
+    # top-k: every token tied with the k-th largest logit survives (here 4 tokens for k = 2)
+    x = np.array([1.0, 3.0, 2.0, 3.0, 0.0, 2.0, 2.0], dtype=np.float32)
+    np.testing.assert_array_equal(kept(filter_logits(x, top_k=2)), [1, 3])
+    np.testing.assert_array_equal(kept(filter_logits(x, top_k=3)), [1, 2, 3, 5, 6])
+    # top-p: equal probabilities are taken by ascending id, so a cut inside a tie keeps the lower ids
+    y = np.log(np.array([0.1, 0.3, 0.3, 0.3], dtype=np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(kept(filter_logits(y, top_p=0.5)), [1, 2])
+    np.testing.assert_array_equal(kept(filter_logits(y, top_p=0.25)), [1])
+    # min-p: the threshold is on probability, so tokens tied at it are all kept
+    np.testing.assert_array_equal(kept(filter_logits(y, min_p=1.0)), [1, 2, 3])
+    for logits, opt in [(x, dict(top_k=3)), (y, dict(top_p=0.5)), (y, dict(min_p=1.0))]:
+        np.testing.assert_array_equal(kept(filter_logits(logits, **opt)), kept(ref_filter(logits, **opt)))
