@@ -37,12 +37,15 @@ from .. import dtypes as dt
 from ..quant import QType, block_format, dequantize, type_size
 from ..quant.formats import FORMATS
 from .errors import ModelFormatError
+from .files import open_regular
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4            # GGML_MAX_DIMS
 MAX_ARRAY_NESTING = 8   # arrays of arrays are legal but never deep in practice
+# the tokenizer.ggml.model values llama.cpp defines (gguf_vocab.py builds gpt2 and llama)
+KNOWN_TOKENIZER_MODELS = ("gpt2", "llama", "bert", "t5", "rwkv", "ugm", "plamo2", "no", "none")
 
 # GGUF metadata value types: id -> (name, numpy dtype or None for string/array)
 _VALUE_TYPES: dict[int, tuple[str, str | None]] = {
@@ -271,6 +274,9 @@ class GGUFFile:
         model = typed("tokenizer.ggml.model", str)
         if model is None or tokens is None:
             raise ModelFormatError(self.path, "no tokenizer: tokenizer.ggml.model / tokenizer.ggml.tokens missing")
+        if model not in KNOWN_TOKENIZER_MODELS:
+            raise ModelFormatError(self.path, f"tokenizer.ggml.model is {model[:64]!r}, not a GGUF tokenizer model "
+                                              f"(known: {', '.join(KNOWN_TOKENIZER_MODELS)})")
         if not all(isinstance(t, str) for t in tokens):
             raise ModelFormatError(self.path, "tokenizer.ggml.tokens must be an array of strings")
         n = len(tokens)
@@ -315,14 +321,14 @@ class GGUFFile:
 
 
 def _open_map(path: str) -> tuple[mmap.mmap, int]:
-    try:
-        with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or a directory is refused, never waited on
+        try:
             size = os.fstat(f.fileno()).st_size
             if size == 0:
                 raise ModelFormatError(path, "the file is empty")
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), size
-    except OSError as e:
-        raise ModelFormatError(path, f"cannot open: {e.strerror or e}") from None
+        except OSError as e:
+            raise ModelFormatError(path, f"cannot map: {e.strerror or e}") from None
 
 
 def load_gguf(path: "str | os.PathLike[str]") -> GGUFFile:

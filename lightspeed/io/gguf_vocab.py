@@ -148,8 +148,8 @@ def backend_from_gguf(info: GGUFTokenizerInfo, path: str) -> Backend:
     elif info.model == "llama":
         tok = _sentencepiece_bpe(info, path)
     else:
-        raise NotImplementedError(f"{path}: GGUF tokenizer model {info.model!r} is not supported "
-                                  f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE); "
+        raise NotImplementedError(f"{path}: GGUF tokenizer model (tokenizer.ggml.model) {info.model!r} is not "
+                                  f"supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE); "
                                   f"load the model's tokenizer.json instead")
     tok.add_special_tokens([t for t in _added_tokens(info) if t.special])
     tok.add_tokens([t for t in _added_tokens(info) if not t.special])

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ModelFormatError
+from .files import open_regular, require_regular
 from .safetensors import SafeTensor, SafetensorsFile, load_safetensors
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -62,8 +63,10 @@ def read_json(path: str, required: bool = True, kind: type = dict) -> Any:
             raise ModelFormatError(path, "missing")
         return kind()
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO named config.json is refused, never waited on
             value = json.loads(f.read().decode("utf-8"))
+    except ModelFormatError:
+        raise
     except OSError as e:
         raise ModelFormatError(path, f"cannot read: {e.strerror or e}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -76,8 +79,11 @@ def read_json(path: str, required: bool = True, kind: type = dict) -> Any:
 def _chat_template(folder: str, tokenizer_config: dict[str, Any]) -> str | None:
     jinja = os.path.join(folder, "chat_template.jinja")
     if os.path.exists(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            return f.read()
+        with open_regular(jinja) as f:
+            try:
+                return f.read().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ModelFormatError(jinja, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
     t = tokenizer_config.get("chat_template")
     if t is None:
         t = read_json(os.path.join(folder, "chat_template.json"), required=False).get("chat_template")
@@ -118,6 +124,8 @@ def load_model_folder(path: "str | os.PathLike[str]") -> ModelFolder:
     folder = os.fspath(path)
     if not os.path.isdir(folder):
         raise ModelFormatError(folder, "not a directory")
+    if folder.rstrip(os.sep).lower().endswith(".gguf") and not os.path.exists(os.path.join(folder, "config.json")):
+        raise ModelFormatError(folder, "is a directory, not a GGUF file (and no model folder: no config.json)")
     config = read_json(os.path.join(folder, "config.json"))
     names, weight_map = _shard_files(folder)
     files, tensors, origin = [], {}, {}
@@ -140,6 +148,8 @@ def load_model_folder(path: "str | os.PathLike[str]") -> ModelFolder:
             f.close()
         raise
     tok_json = os.path.join(folder, "tokenizer.json")
+    if os.path.exists(tok_json):
+        require_regular(tok_json)  # the tokenizers library would block on a FIFO
     tokenizer_config = read_json(os.path.join(folder, "tokenizer_config.json"), required=False)
     return ModelFolder(
         path=folder, config=config, tensors=tensors, files=files,

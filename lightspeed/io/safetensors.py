@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .errors import ModelFormatError
+from .files import open_regular
 
 MAX_HEADER_BYTES = 100_000_000  # the limit the reference implementation enforces
 
@@ -94,14 +95,14 @@ class SafetensorsFile:
 def load_safetensors(path: "str | os.PathLike[str]") -> SafetensorsFile:
     """Parse and validate a .safetensors file; tensor data stays in the memory-mapped file."""
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO or a directory is refused, never waited on
+        try:
             size = os.fstat(f.fileno()).st_size
             if size < 8:
                 raise ModelFormatError(path, f"too short ({size} bytes) to be a safetensors file")
             mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except OSError as e:
-        raise ModelFormatError(path, f"cannot open: {e.strerror or e}") from None
+        except OSError as e:
+            raise ModelFormatError(path, f"cannot map: {e.strerror or e}") from None
     try:
         return _parse(path, mapping, size)
     except ModelFormatError:

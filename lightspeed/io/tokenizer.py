@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # the tokenizers library is imported when a tokenizer is buil
 from . import chat_encode
 from .chat_template import render_chat
 from .errors import ModelFormatError
+from .files import require_regular
 from .gguf import GGUFFile, load_gguf
 
 REPLACEMENT = "\ufffd"
@@ -107,7 +108,7 @@ class Tokenizer:
                   generation_config: dict[str, Any] | None = None) -> "Tokenizer":
         """A tokenizer.json, with the special tokens of tokenizer_config.json and the end-of-sequence ids
         of generation_config.json (both optional dicts)."""
-        path = os.fspath(tokenizer_json)
+        path = require_regular(tokenizer_json)  # the tokenizers library would block on a FIFO
         try:
             from tokenizers import Tokenizer as Backend
             backend = Backend.from_file(path)

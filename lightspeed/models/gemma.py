@@ -29,8 +29,9 @@ program serves every position (the memory a ring buffer would save is small at c
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from .. import dtypes as dt
 from ..frontend import gelu, linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, tanh
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
+from ..io.plausibility import (MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB, REQUIRED, arch_float, arch_int, check_layers,
+                               check_shapes, meta_float, meta_int)
 from ..tensor import Tensor
 from .base import CacheSpec, CausalLM, KVAppend, ModelConfig
 from .weights import GGUFWeights, SafetensorsWeights
@@ -69,6 +72,13 @@ _HF_LAYER_NAMES = [
 # multimodal Gemma3ForConditionalGeneration (original checkpoints, transformers >= 4.52)
 _HF_PREFIXES = ("model.", "language_model.model.", "model.language_model.")
 
+# the file's key of each checked field, for error messages
+GGUF_KEYS = {"n_heads": "attention.head_count", "n_kv_heads": "attention.head_count_kv",
+             "head_dim": "attention.key_length", "sliding_layers": "attention.sliding_window_pattern",
+             "sliding_window": "attention.sliding_window"}
+HF_KEYS = {"n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+           "sliding_layers": "layer_types", "sliding_window": "sliding_window"}
+
 
 @dataclass
 class GemmaConfig(ModelConfig):
@@ -86,21 +96,40 @@ class GemmaConfig(ModelConfig):
     sliding_layers: tuple[bool, ...] = ()   # per layer: True = sliding-window (local) attention
     final_logit_softcap: float | None = None
 
-    def check(self, path: str) -> None:
-        """Raise ModelFormatError for inconsistent hyper-parameters."""
+    def check(self, path: str, keys: Mapping[str, str] | None = None) -> None:
+        """Raise ModelFormatError for inconsistent hyper-parameters; ``keys`` names the file's key of each
+        field in the messages (``GGUF_KEYS`` / ``HF_KEYS``)."""
+        key = (keys or {}).get
         if min(self.vocab_size, self.hidden_size, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim,
                self.intermediate_size) <= 0 or self.query_pre_attn_scalar <= 0:
             raise ModelFormatError(path, f"invalid gemma hyper-parameters: {self}")
         if self.n_heads % self.n_kv_heads:
-            raise ModelFormatError(path, f"{self.n_heads} attention heads are not a multiple of "
-                                         f"{self.n_kv_heads} KV heads")
+            raise ModelFormatError(path, f"{self.n_heads} attention heads ({key('n_heads', 'n_heads')}) are not a "
+                                         f"multiple of {self.n_kv_heads} KV heads ({key('n_kv_heads', 'n_kv_heads')})")
         if self.head_dim % 2:
-            raise ModelFormatError(path, f"head_dim {self.head_dim} must be even for rotary embeddings")
+            raise ModelFormatError(path, f"head_dim {self.head_dim} ({key('head_dim', 'head_dim')}) must be even "
+                                         "for rotary embeddings")
         if len(self.sliding_layers) != self.n_layers:
-            raise ModelFormatError(path, f"{len(self.sliding_layers)} sliding-window flags for {self.n_layers} layers")
+            raise ModelFormatError(path, f"{len(self.sliding_layers)} sliding-window flags "
+                                         f"({key('sliding_layers', 'sliding_layers')}) for {self.n_layers} layers")
         if any(self.sliding_layers) and self.sliding_window < 1:
-            raise ModelFormatError(path, f"sliding-window layers need a positive sliding_window, got "
-                                         f"{self.sliding_window}")
+            raise ModelFormatError(path, f"sliding-window layers need a positive sliding_window "
+                                         f"({key('sliding_window', 'sliding_window')}), got {self.sliding_window}")
+
+
+def expected_shapes(c: GemmaConfig, weights) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor the model reads, as its hyper-parameters imply."""
+    q, kv, h, f = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    out = {"token_embd.weight": (c.vocab_size, h), "output_norm.weight": (h,)}
+    if "output.weight" in weights:
+        out["output.weight"] = (c.vocab_size, h)
+    layer = {"attn_norm.weight": (h,), "post_attention_norm.weight": (h,), "ffn_norm.weight": (h,),
+             "post_ffw_norm.weight": (h,), "attn_q.weight": (q, h), "attn_k.weight": (kv, h), "attn_v.weight": (kv, h),
+             "attn_output.weight": (h, q), "attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,),
+             "ffn_gate.weight": (f, h), "ffn_up.weight": (f, h), "ffn_down.weight": (h, f)}
+    for i in range(c.n_layers):
+        out.update({f"blk.{i}.{k}": v for k, v in layer.items()})
+    return out
 
 
 def sliding_pattern(n_layers: int, pattern: int) -> tuple[bool, ...]:
@@ -158,36 +187,40 @@ class Gemma(CausalLM):
         if arch not in GGUF_ARCHITECTURES:
             raise ModelFormatError(gf.path, f"architecture {arch!r} is not a Gemma 3 model")
         weights = GGUFWeights(gf)
-        hidden = int(gf.arch("embedding_length"))
-        n_heads = int(gf.arch("attention.head_count"))
-        n_layers = int(gf.arch("block_count"))
-        head_dim = int(gf.arch("attention.key_length", hidden // max(n_heads, 1)))
-        if int(gf.arch("attention.value_length", head_dim)) != head_dim:
+        # every number is checked as it is read, the layer count against the tensors first
+        n_layers = arch_int(gf, "block_count", hi=MAX_LAYERS)
+        check_layers(gf.path, f"{arch}.block_count", n_layers, lambda i: f"blk.{i}.attn_norm.weight" in weights,
+                     "tensor 'blk.{i}.attn_norm.weight'")
+        hidden = arch_int(gf, "embedding_length")
+        n_heads = arch_int(gf, "attention.head_count")
+        head_dim = arch_int(gf, "attention.key_length", max(hidden // n_heads, 1))
+        if arch_int(gf, "attention.value_length", head_dim) != head_dim:
             raise ModelFormatError(gf.path, "gemma3 needs attention.key_length == attention.value_length")
-        theta = float(gf.arch("rope.freq_base", 1_000_000.0))
+        theta = arch_float(gf, "rope.freq_base", 1_000_000.0)
         inv_freq = None
         scaling = gf.arch("rope.scaling.type", "none")
         if scaling == "linear":  # global layers only, as llama.cpp applies it
-            inv_freq = rope_inv_freq(head_dim, theta) / np.float32(gf.arch("rope.scaling.factor"))
+            inv_freq = rope_inv_freq(head_dim, theta) / np.float32(arch_float(gf, "rope.scaling.factor"))
         elif scaling not in ("none", None):
             raise ModelFormatError(gf.path, f"RoPE scaling type {scaling!r} is not supported (supported: linear)")
         vocab = gf.arch("vocab_size", None)
-        if vocab is None:
-            vocab = weights.shape("token_embd.weight")[0]
+        vocab = weights.shape("token_embd.weight")[0] if vocab is None else arch_int(gf, "vocab_size", hi=MAX_VOCAB)
         # GGUF has no query_pre_attn_scalar: like llama.cpp, 27B (62 layers) scales by hidden / heads,
         # every other size by head_dim
         scalar = hidden / n_heads if n_layers == 62 else head_dim
+        cap = gf.arch("final_logit_softcapping", None)
         config = GemmaConfig(
-            architecture=arch, vocab_size=int(vocab), hidden_size=hidden, n_layers=n_layers,
-            context_length=int(gf.arch("context_length", 8192)),
-            intermediate_size=int(gf.arch("feed_forward_length")), n_heads=n_heads,
-            n_kv_heads=int(gf.arch("attention.head_count_kv", n_heads)), head_dim=head_dim,
-            rms_norm_eps=float(gf.arch("attention.layer_norm_rms_epsilon", 1e-6)), norm_offset=0.0,
+            architecture=arch, vocab_size=vocab, hidden_size=hidden, n_layers=n_layers,
+            context_length=arch_int(gf, "context_length", 8192, hi=MAX_CONTEXT),
+            intermediate_size=arch_int(gf, "feed_forward_length"), n_heads=n_heads,
+            n_kv_heads=arch_int(gf, "attention.head_count_kv", n_heads), head_dim=head_dim,
+            rms_norm_eps=arch_float(gf, "attention.layer_norm_rms_epsilon", 1e-6, below=1.0), norm_offset=0.0,
             query_pre_attn_scalar=float(scalar), rope_theta=theta, rope_global_inv_freq=inv_freq,
-            sliding_window=int(gf.arch("attention.sliding_window", 0)),
+            sliding_window=arch_int(gf, "attention.sliding_window", 0, lo=0, hi=1 << 31),
             sliding_layers=_gguf_sliding_layers(gf, n_layers),
-            final_logit_softcap=gf.arch("final_logit_softcapping", None))
-        config.check(gf.path)
+            final_logit_softcap=None if cap is None else arch_float(gf, "final_logit_softcapping"))
+        config.check(gf.path, {k: f"{arch}.{v}" for k, v in GGUF_KEYS.items()})
+        check_shapes(gf.path, weights.shape, expected_shapes(config, weights), "the metadata")
         return cls(config, weights, tokenizer)
 
     @classmethod
@@ -200,41 +233,60 @@ class Gemma(CausalLM):
             cfg = cfg.get("text_config")
             if not isinstance(cfg, dict):
                 raise ModelFormatError(mf.path, "config.json: model_type gemma3 without a text_config")
-        try:
-            hidden, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-            n_layers = int(cfg["num_hidden_layers"])
-            head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-            layer_types = cfg.get("layer_types")
-            if layer_types is not None:
-                sliding = tuple(t == "sliding_attention" for t in layer_types)
-            else:
-                sliding = sliding_pattern(n_layers, int(cfg.get("sliding_window_pattern", DEFAULT_SLIDING_PATTERN)))
-            theta, local_theta, inv_freq = _hf_rope(cfg, head_dim, mf.path)
-            config = GemmaConfig(
-                architecture="gemma3", vocab_size=int(cfg["vocab_size"]), hidden_size=hidden, n_layers=n_layers,
-                context_length=int(cfg.get("max_position_embeddings", 8192)),
-                intermediate_size=int(cfg["intermediate_size"]), n_heads=n_heads,
-                n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), head_dim=head_dim,
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), norm_offset=1.0,
-                query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)), rope_theta=theta,
-                rope_local_theta=local_theta, rope_global_inv_freq=inv_freq,
-                sliding_window=int(cfg.get("sliding_window") or 0), sliding_layers=sliding,
-                final_logit_softcap=cfg.get("final_logit_softcapping"))
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, ModelFormatError):
-                raise
-            raise ModelFormatError(mf.path, f"config.json: missing or invalid field {e}") from None
-        if cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh")) not in ("gelu_pytorch_tanh",
-                                                                                             "gelu_tanh"):
-            raise ModelFormatError(mf.path, f"config.json: activation {cfg.get('hidden_activation')!r} is not "
-                                            "supported (gemma uses gelu_pytorch_tanh)")
-        config.check(mf.path)
+        path = os.path.join(mf.path, "config.json")
         prefix = next((p for p in _HF_PREFIXES if p + "embed_tokens.weight" in mf.tensors), None)
         if prefix is None:
             raise ModelFormatError(mf.path, "no embed_tokens.weight under any of the prefixes "
                                             f"{', '.join(_HF_PREFIXES)}")
         names = [(a, prefix + b) for a, b in _HF_LAYER_NAMES] + [("output.weight", "lm_head.weight")]
-        model = cls(config, SafetensorsWeights(mf, names), tokenizer)
+        weights = SafetensorsWeights(mf, names)
+
+        def num(key: str, default: Any = REQUIRED, **bounds: int) -> int:
+            if default is REQUIRED and key not in cfg:
+                raise ModelFormatError(path, f"missing field {key!r}")
+            return meta_int(path, key, cfg.get(key, default), **bounds)
+
+        try:
+            n_layers = num("num_hidden_layers", hi=MAX_LAYERS)
+            check_layers(path, "num_hidden_layers", n_layers, lambda i: f"blk.{i}.attn_norm.weight" in weights,
+                         "tensor '" + prefix + "layers.{i}.input_layernorm.weight'")
+            hidden, n_heads = num("hidden_size"), num("num_attention_heads")
+            head_dim = num("head_dim") if cfg.get("head_dim") else max(hidden // n_heads, 1)
+            layer_types = cfg.get("layer_types")
+            if layer_types is not None:
+                sliding = tuple(t == "sliding_attention" for t in layer_types)
+            else:
+                sliding = sliding_pattern(n_layers, num("sliding_window_pattern", DEFAULT_SLIDING_PATTERN))
+            theta, local_theta, inv_freq = _hf_rope(cfg, head_dim, mf.path)
+            meta_float(path, "rope_theta", theta)
+            meta_float(path, "rope_local_base_freq", local_theta)
+            if inv_freq is not None and not np.all(np.isfinite(inv_freq) & (inv_freq > 0)):
+                raise ModelFormatError(path, "rope scaling gives non-finite frequencies")
+            cap = cfg.get("final_logit_softcapping")
+            config = GemmaConfig(
+                architecture="gemma3", vocab_size=num("vocab_size", hi=MAX_VOCAB), hidden_size=hidden,
+                n_layers=n_layers, context_length=num("max_position_embeddings", 8192, hi=MAX_CONTEXT),
+                intermediate_size=num("intermediate_size"), n_heads=n_heads,
+                n_kv_heads=num("num_key_value_heads") if cfg.get("num_key_value_heads") else n_heads,
+                head_dim=head_dim, norm_offset=1.0,
+                rms_norm_eps=meta_float(path, "rms_norm_eps", cfg.get("rms_norm_eps", 1e-6), below=1.0),
+                query_pre_attn_scalar=meta_float(path, "query_pre_attn_scalar", cfg.get("query_pre_attn_scalar", 256)),
+                rope_theta=theta, rope_local_theta=local_theta, rope_global_inv_freq=inv_freq,
+                sliding_window=num("sliding_window", lo=0, hi=1 << 31) if cfg.get("sliding_window") else 0,
+                sliding_layers=sliding,
+                final_logit_softcap=None if cap is None else meta_float(path, "final_logit_softcapping", cap))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, ModelFormatError):
+                raise
+            raise ModelFormatError(path, f"missing or invalid field {e}") from None
+        if cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh")) not in ("gelu_pytorch_tanh",
+                                                                                             "gelu_tanh"):
+            raise ModelFormatError(mf.path, f"config.json: activation {cfg.get('hidden_activation')!r} is not "
+                                            "supported (gemma uses gelu_pytorch_tanh)")
+        config.check(path, HF_KEYS)
+        check_shapes(mf.path, weights.shape, expected_shapes(config, weights), "the numbers in config.json",
+                     weights.hf_name)
+        model = cls(config, weights, tokenizer)
         if cfg.get("tie_word_embeddings", mf.config.get("tie_word_embeddings", True)) is False and model.tied:
             raise ModelFormatError(mf.path, "config.json says the embeddings are not tied, but lm_head.weight "
                                             "is missing")

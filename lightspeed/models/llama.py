@@ -13,8 +13,9 @@ records which one the weights expect.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from .. import symbolic as sym
 from ..frontend import linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, silu
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
+from ..io.plausibility import (MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB, REQUIRED, arch_float, arch_int, check_layers,
+                               check_shapes, meta_float, meta_int)
 from ..symbolic import sint
 from ..tensor import Tensor
 from .base import CacheSpec, CausalLM, KVAppend, ModelConfig
@@ -54,6 +57,13 @@ HF_NAMES = [
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")
 HF_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
+# the file's key of each checked field, for error messages
+GGUF_KEYS = {"n_heads": "attention.head_count", "n_kv_heads": "attention.head_count_kv",
+             "head_dim": "attention.key_length", "sliding_layers": "attention.sliding_window_pattern",
+             "sliding_window": "attention.sliding_window"}
+HF_KEYS = {"n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+           "sliding_layers": "layer_types", "sliding_window": "sliding_window"}
+
 
 @dataclass
 class LlamaConfig(ModelConfig):
@@ -67,16 +77,19 @@ class LlamaConfig(ModelConfig):
     rope_inv_freq: np.ndarray | None = field(default=None, repr=False)  # scaled frequencies, when not theta's
     sliding_window: int | None = None  # Mistral v0.1: contexts beyond it are refused
 
-    def check(self, path: str) -> None:
-        """Raise ModelFormatError for inconsistent hyper-parameters."""
+    def check(self, path: str, keys: Mapping[str, str] | None = None) -> None:
+        """Raise ModelFormatError for inconsistent hyper-parameters; ``keys`` names the file's key of each
+        field in the messages (``GGUF_KEYS`` / ``HF_KEYS``)."""
+        key = (keys or {}).get
         if min(self.vocab_size, self.hidden_size, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim,
                self.intermediate_size) <= 0:
             raise ModelFormatError(path, f"invalid llama hyper-parameters: {self}")
         if self.n_heads % self.n_kv_heads:
-            raise ModelFormatError(path, f"{self.n_heads} attention heads are not a multiple of "
-                                         f"{self.n_kv_heads} KV heads")
+            raise ModelFormatError(path, f"{self.n_heads} attention heads ({key('n_heads', 'n_heads')}) are not a "
+                                         f"multiple of {self.n_kv_heads} KV heads ({key('n_kv_heads', 'n_kv_heads')})")
         if self.head_dim % 2:
-            raise ModelFormatError(path, f"head_dim {self.head_dim} must be even for rotary embeddings")
+            raise ModelFormatError(path, f"head_dim {self.head_dim} ({key('head_dim', 'head_dim')}) must be even "
+                                         "for rotary embeddings")
 
 
 def llama3_inv_freq(head_dim: int, theta: float, factor: float, low_freq_factor: float, high_freq_factor: float,
@@ -91,6 +104,27 @@ def llama3_inv_freq(head_dim: int, theta: float, factor: float, low_freq_factor:
     blended = (1 - smooth) * inv / factor + smooth * inv
     out = np.where(wavelen > low_wavelen, inv / factor, np.where(wavelen < high_wavelen, inv, blended))
     return out.astype(np.float32)
+
+
+def expected_shapes(c: LlamaConfig, weights) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor the model reads, as its hyper-parameters imply (biases where present)."""
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    out = {"token_embd.weight": (c.vocab_size, c.hidden_size), "output_norm.weight": (c.hidden_size,)}
+    if "output.weight" in weights:
+        out["output.weight"] = (c.vocab_size, c.hidden_size)
+    for i in range(c.n_layers):
+        layer = {"attn_norm.weight": (c.hidden_size,), "ffn_norm.weight": (c.hidden_size,),
+                 "attn_q.weight": (q, c.hidden_size), "attn_k.weight": (kv, c.hidden_size),
+                 "attn_v.weight": (kv, c.hidden_size), "attn_output.weight": (c.hidden_size, q),
+                 "ffn_gate.weight": (c.intermediate_size, c.hidden_size),
+                 "ffn_up.weight": (c.intermediate_size, c.hidden_size),
+                 "ffn_down.weight": (c.hidden_size, c.intermediate_size)}
+        biases = {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,),
+                  "attn_output.bias": (c.hidden_size,), "ffn_gate.bias": (c.intermediate_size,),
+                  "ffn_up.bias": (c.intermediate_size,), "ffn_down.bias": (c.hidden_size,)}
+        out.update({f"blk.{i}.{k}": v for k, v in layer.items()})
+        out.update({f"blk.{i}.{k}": v for k, v in biases.items() if f"blk.{i}.{k}" in weights})
+    return out
 
 
 def _hf_rope(cfg: dict[str, Any], head_dim: int, path: str) -> tuple[float, np.ndarray | None]:
@@ -126,32 +160,39 @@ class Llama(CausalLM):
         arch = gf.architecture
         if arch not in GGUF_ARCHITECTURES:
             raise ModelFormatError(gf.path, f"architecture {arch!r} is not a Llama-family model")
-        n_heads = int(gf.arch("attention.head_count"))
-        hidden = int(gf.arch("embedding_length"))
-        head_dim = int(gf.arch("attention.key_length", hidden // max(n_heads, 1)))
-        theta = float(gf.arch("rope.freq_base", 10000.0))
         weights = GGUFWeights(gf)
+        # every number is checked as it is read, the layer count against the tensors first (nothing is
+        # allocated from the metadata before these checks)
+        n_layers = arch_int(gf, "block_count", hi=MAX_LAYERS)
+        check_layers(gf.path, f"{arch}.block_count", n_layers, lambda i: f"blk.{i}.attn_norm.weight" in weights,
+                     "tensor 'blk.{i}.attn_norm.weight'")
+        hidden = arch_int(gf, "embedding_length")
+        n_heads = arch_int(gf, "attention.head_count")
+        head_dim = arch_int(gf, "attention.key_length", max(hidden // n_heads, 1))
+        theta = arch_float(gf, "rope.freq_base", 10000.0)
         vocab = gf.arch("vocab_size", None)
-        if vocab is None:
-            vocab = weights.shape("token_embd.weight")[0]
+        vocab = weights.shape("token_embd.weight")[0] if vocab is None else arch_int(gf, "vocab_size", hi=MAX_VOCAB)
         inv_freq = None
         scaling = gf.arch("rope.scaling.type", "none")
         if scaling == "linear":
-            inv_freq = rope_inv_freq(head_dim, theta) / np.float32(gf.arch("rope.scaling.factor"))
+            inv_freq = rope_inv_freq(head_dim, theta) / np.float32(arch_float(gf, "rope.scaling.factor"))
         elif scaling not in ("none", None):
             raise ModelFormatError(gf.path, f"RoPE scaling type {scaling!r} is not supported (supported: linear)")
         if "rope_freqs.weight" in weights:  # Llama 3.1: per-frequency divisors
+            check_shapes(gf.path, weights.shape, {"rope_freqs.weight": (head_dim // 2,)}, "the metadata")
             inv_freq = (inv_freq if inv_freq is not None else rope_inv_freq(head_dim, theta)) / \
                 weights.numpy("rope_freqs.weight").reshape(-1)
+        window = gf.arch("attention.sliding_window", None)
         config = LlamaConfig(
-            architecture=arch, vocab_size=int(vocab), hidden_size=hidden, n_layers=int(gf.arch("block_count")),
-            context_length=int(gf.arch("context_length", 2048)),
-            intermediate_size=int(gf.arch("feed_forward_length")), n_heads=n_heads,
-            n_kv_heads=int(gf.arch("attention.head_count_kv", n_heads)), head_dim=head_dim,
-            rms_norm_eps=float(gf.arch("attention.layer_norm_rms_epsilon", 1e-5)), rope_theta=theta,
+            architecture=arch, vocab_size=vocab, hidden_size=hidden, n_layers=n_layers,
+            context_length=arch_int(gf, "context_length", 2048, hi=MAX_CONTEXT),
+            intermediate_size=arch_int(gf, "feed_forward_length"), n_heads=n_heads,
+            n_kv_heads=arch_int(gf, "attention.head_count_kv", n_heads), head_dim=head_dim,
+            rms_norm_eps=arch_float(gf, "attention.layer_norm_rms_epsilon", 1e-5, below=1.0), rope_theta=theta,
             rope_interleaved=arch != "qwen2", rope_inv_freq=inv_freq,
-            sliding_window=gf.arch("attention.sliding_window", None))
-        config.check(gf.path)
+            sliding_window=None if window is None else arch_int(gf, "attention.sliding_window", hi=MAX_CONTEXT))
+        config.check(gf.path, {k: f"{arch}.{v}" for k, v in GGUF_KEYS.items()})
+        check_shapes(gf.path, weights.shape, expected_shapes(config, weights), "the metadata")
         return cls(config, weights, tokenizer)
 
     @classmethod
@@ -160,25 +201,42 @@ class Llama(CausalLM):
         kind = cfg.get("model_type")
         if kind not in HF_MODEL_TYPES:
             raise ModelFormatError(mf.path, f"model_type {kind!r} is not a Llama-family model")
+        path = os.path.join(mf.path, "config.json")
+        weights = SafetensorsWeights(mf, HF_NAMES)
+
+        def num(key: str, default: Any = REQUIRED, **bounds: int) -> int:
+            if default is REQUIRED and key not in cfg:
+                raise ModelFormatError(path, f"missing field {key!r}")
+            return meta_int(path, key, cfg.get(key, default), **bounds)
+
         try:
-            hidden, n_heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-            head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+            n_layers = num("num_hidden_layers", hi=MAX_LAYERS)
+            check_layers(path, "num_hidden_layers", n_layers, lambda i: f"blk.{i}.attn_norm.weight" in weights,
+                         "tensor 'model.layers.{i}.input_layernorm.weight'")
+            hidden, n_heads = num("hidden_size"), num("num_attention_heads")
+            head_dim = num("head_dim") if cfg.get("head_dim") else max(hidden // n_heads, 1)
             theta, inv_freq = _hf_rope(cfg, head_dim, mf.path)
+            meta_float(path, "rope_theta", theta)
+            if inv_freq is not None and not np.all(np.isfinite(inv_freq) & (inv_freq > 0)):
+                raise ModelFormatError(path, f"rope_scaling {cfg.get('rope_scaling')!r} gives non-finite frequencies")
+            window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
             config = LlamaConfig(
-                architecture=kind, vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-                n_layers=int(cfg["num_hidden_layers"]),
-                context_length=int(cfg.get("max_position_embeddings", 2048)),
-                intermediate_size=int(cfg["intermediate_size"]), n_heads=n_heads,
-                n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), head_dim=head_dim,
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_interleaved=False,
-                rope_inv_freq=inv_freq,
-                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None)
+                architecture=kind, vocab_size=num("vocab_size", hi=MAX_VOCAB), hidden_size=hidden,
+                n_layers=n_layers, context_length=num("max_position_embeddings", 2048, hi=MAX_CONTEXT),
+                intermediate_size=num("intermediate_size"), n_heads=n_heads,
+                n_kv_heads=num("num_key_value_heads") if cfg.get("num_key_value_heads") else n_heads,
+                head_dim=head_dim, rms_norm_eps=meta_float(path, "rms_norm_eps", cfg.get("rms_norm_eps", 1e-6),
+                                                           below=1.0),
+                rope_theta=theta, rope_interleaved=False, rope_inv_freq=inv_freq,
+                sliding_window=None if window is None else num("sliding_window", hi=1 << 31))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ModelFormatError):
                 raise
-            raise ModelFormatError(mf.path, f"config.json: missing or invalid field {e}") from None
-        config.check(mf.path)
-        model = cls(config, SafetensorsWeights(mf, HF_NAMES), tokenizer)
+            raise ModelFormatError(path, f"missing or invalid field {e}") from None
+        config.check(path, HF_KEYS)
+        check_shapes(mf.path, weights.shape, expected_shapes(config, weights), "the numbers in config.json",
+                     weights.hf_name)
+        model = cls(config, weights, tokenizer)
         if cfg.get("tie_word_embeddings") is False and model.tied:
             raise ModelFormatError(mf.path, "config.json says the embeddings are not tied, but lm_head.weight "
                                             "is missing")
