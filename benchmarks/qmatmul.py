@@ -58,7 +58,7 @@ def run(quant: str, rows: list[int], layers: int, runs: int, int8: bool) -> dict
     g, outs, nbytes = build(qtype, layers, rng)
     prog = g.compile(outs, backend="c", profile=True, int8_activations=int8)
     ex = prog.executor
-    assert sum(k.schedule == "qmatmul" for k in ex.plan.kernels) == len(outs)
+    assert sum(k.kind == "qmatmul" for k in ex.plan.kernels) == len(outs)
     times: dict[int, list[float]] = {m: [] for m in rows}
     for _ in range(runs):
         for m in rows:  # interleaved, so that a noisy moment hits every row count alike

@@ -30,7 +30,7 @@ def rand(rng, *shape):
 
 
 def attention_templates(prog):
-    return [k.template for k in prog.executor.plan.kernels if k.schedule == "attention"]
+    return [k.template for k in prog.executor.plan.kernels if k.kind == "attention"]
 
 
 def build(mask_fn, rows_per_pos: int = 1, dv: int = 16):

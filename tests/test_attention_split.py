@@ -60,7 +60,7 @@ def inputs(rng, p: int, kv_dtype=np.float32, d: int = D, dv: int = D):
 
 def compiled(g, o, **options):
     prog = g.compile([o], backend="c", **options)
-    (k,) = [k for k in prog.executor.plan.kernels if k.schedule == "attention"]
+    (k,) = [k for k in prog.executor.plan.kernels if k.kind == "attention"]
     assert k.template.split is not None and k.scratch, "decode attention should split its keys"
     return prog, g.compile([o], backend="reference")
 
@@ -139,7 +139,7 @@ def test_batched_row_alone_and_in_a_batch(tmp_path):
     lm = load_model(path)
     ctx, chunk = 3 * PK + 40, 64
     bs = BatchedStep(lm, ctx, 3, backend="c")
-    assert any(k.template.split is not None for k in bs.program.executor.plan.kernels if k.schedule == "attention")
+    assert any(k.template.split is not None for k in bs.program.executor.plan.kernels if k.kind == "attention")
     single = lm.compile(ctx, max_chunk=chunk, backend="c")
     rng = np.random.default_rng(1)
     lengths = [3 * PK + 20, PK + 1, 40]

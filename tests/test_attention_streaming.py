@@ -25,7 +25,7 @@ def _cache(tmp_path_factory, monkeypatch):
 
 
 def schedules(prog) -> list[str]:
-    return [k.schedule for k in prog.executor.plan.kernels]
+    return [k.kind for k in prog.executor.plan.kernels]
 
 
 def run_both(g, outs, inputs, dims=None, **options):

@@ -12,12 +12,13 @@ from lightspeed import symbolic as sym
 from lightspeed.backend.c import cse
 from lightspeed.backend.c.render import KernelRenderer
 from lightspeed.kernel import ir
-from lightspeed.kernel.fusion import KernelPlan, _loop_var
+from lightspeed.kernel.fusion import KernelPlan
+from lightspeed.kernel.ir import loop_var
 from lightspeed.ops import Op
 
 N = sym.dim("n", 2, 64)
-I = _loop_var("ko", N)
-R = _loop_var("kr", N)
+I = loop_var("ko", N)
+R = loop_var("kr", N)
 
 
 def renderer(*bufs: ir.Buffer) -> KernelRenderer:
@@ -106,7 +107,7 @@ def test_a_loop_invariant_operand_of_a_reduce_stays_in_its_loop() -> None:
 
 def test_a_gather_body_names_its_operands_inside_the_row_check() -> None:
     x, idx = buf("x"), buf("idx", dt.int32)
-    g = _loop_var("kg", N)
+    g = loop_var("kg", N)
     row = load_(x, sym.add(long_offset(g), I))
     other = load_(x, long_offset(I))  # does not read the gathered row, but is evaluated only when it is valid
     body = ir.Alu(Op.ADD, (mul(row, row), mul(other, other)), dt.float32)

@@ -164,7 +164,7 @@ def test_quantized_activations_reach_the_compiled_step_from_bench_and_generate(t
     assert "int16 activations" in format_text(r)
     with_int16 = api.load(str(tiny), ctx=32, progress=False, activations="int16")
     plain = api.load(str(tiny), ctx=32, progress=False)
-    scratch = [k for k in with_int16.step.program.executor.plan.kernels if k.schedule == "qmatmul" and k.scratch]
+    scratch = [k for k in with_int16.step.program.executor.plan.kernels if k.kind == "qmatmul" and k.scratch]
     assert scratch and all(k.template.activations == "int16" for k in scratch)
     assert not [k for k in plain.step.program.executor.plan.kernels if k.scratch]
     old = get_num_threads()

@@ -85,7 +85,7 @@ def test_f16_cache_matches_the_reference_and_stays_close_to_f32(lm, f32_run, kv_
     assert 0 < diff < 2e-2 * np.abs(f32).max(), diff  # rounded, but only by float16's precision
     # the lowered streaming attention runs (one per layer), reading float16 rows in place
     kernels = c16.program.executor.plan.kernels
-    assert [k.schedule for k in kernels].count("attention") == SHAPE["layers"]
+    assert [k.kind for k in kernels].count("attention") == SHAPE["layers"]
     src = c16.program.executor.source
     assert "ls_load8h(kph" in src and "ls_load8h(vph" in src  # decode: few query rows
     assert "ls_load8h(kph[j8 + 0] + d0)" in src and "ls_load8h(src + e0)" in src  # prefill: keys/values staged
@@ -129,7 +129,7 @@ def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
     from lightspeed.serve.batched import BatchedStep
     batched = BatchedStep(model.lm, 32, 2, kv_dtype=model.step.kv_dtype)
     assert all(a.dtype == np.float16 for a in batched.caches.values())
-    assert [k.schedule for k in batched.program.executor.plan.kernels].count("attention") == SHAPE["layers"]
+    assert [k.kind for k in batched.program.executor.plan.kernels].count("attention") == SHAPE["layers"]
     alone = {n: np.zeros_like(a[:32]) for n, a in batched.caches.items()}
     for slot in (0, 1):
         model.step.run(TOKENS[:SPLIT + slot], 0, batched.slot_caches(slot))

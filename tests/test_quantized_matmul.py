@@ -33,7 +33,7 @@ def test_quantized_linear_matches_reference(qtype: QType, templates: bool, porta
     g, y = build(qtype, k, n, raw, with_bias=True)
     ref = g.compile([y], backend="reference")
     nat = g.compile([y], backend="c", templates=templates, portable=portable)
-    schedules = [kern.schedule for kern in nat.executor.plan.kernels]
+    schedules = [kern.kind for kern in nat.executor.plan.kernels]
     assert ("qmatmul" in schedules) == templates, schedules
     for m in (1, 3, 8, 13):  # one row (decode), a partial row group, a whole one, more than one
         xv = rng.standard_normal((m, k)).astype(np.float32)
@@ -65,7 +65,7 @@ def test_single_row_activation_uses_the_template() -> None:
     x = g.input("x", (1, k))
     y = x.linear(dequant_matrix_graph(g.constant(raw), QType.Q8_0))
     prog = g.compile([y], backend="c")
-    assert [kern.schedule for kern in prog.executor.plan.kernels] == ["qmatmul"]
+    assert [kern.kind for kern in prog.executor.plan.kernels] == ["qmatmul"]
     xv = rng.standard_normal((1, k)).astype(np.float32)
     np.testing.assert_allclose(prog(x=xv)[0], g.compile([y])(x=xv)[0], rtol=2e-5, atol=1e-4)
 
@@ -80,7 +80,7 @@ def test_weight_read_through_another_view_is_not_matched() -> None:
     w = dequant_matrix_graph(g.constant(raw), QType.Q8_0)
     y = x @ w
     prog = g.compile([y], backend="c")
-    assert all(kern.schedule != "qmatmul" for kern in prog.executor.plan.kernels)
+    assert all(kern.kind != "qmatmul" for kern in prog.executor.plan.kernels)
     xv = rng.standard_normal((3, k)).astype(np.float32)
     np.testing.assert_allclose(prog(x=xv)[0], g.compile([y])(x=xv)[0], rtol=1e-5, atol=1e-4)
 
@@ -121,7 +121,7 @@ def test_int16_activations_stay_within_their_rounding_of_the_float_product(qtype
     ref = g.compile([y], backend="reference")
     prog = g.compile([y], backend="c", activations="int16", portable=portable)
     quantized = qtype in (QType.Q8_0, QType.Q4_0, QType.Q4_1)
-    assert [kern.scratch != [] for kern in prog.executor.plan.kernels if kern.schedule == "qmatmul"] == [quantized]
+    assert [kern.scratch != [] for kern in prog.executor.plan.kernels if kern.kind == "qmatmul"] == [quantized]
     assert ("ls_qdot16_" + qtype.name.lower() + "(wraw") in prog.executor.source if quantized else True
     for m in (1, 2, 3, 4, 5, 6, 7, 8, 13, 33, 64):  # decode and batched rows, prefill sizes
         xv = rng.standard_normal((m, k)).astype(np.float32)

@@ -52,7 +52,7 @@ def attention_graph():
 
 
 def _schedules(prog) -> list[str]:
-    return [k.schedule for k in prog.executor.plan.kernels]
+    return [k.kind for k in prog.executor.plan.kernels]
 
 
 def _check(g, outs, inputs, prog) -> None:
@@ -95,7 +95,7 @@ def test_dearer_lowered_form_is_not_formed(case, monkeypatch):
     program = Program.build(g, outs)
     (d,) = choose_lowerings(program, RIGGED).decisions
     assert not d.chosen and d.lowered_s > d.primitive_s
-    assert kind not in [k.schedule for k in form_kernels(program, lower_only=frozenset()).kernels]
+    assert kind not in [k.kind for k in form_kernels(program, lower_only=frozenset()).kernels]
 
     monkeypatch.setattr(cost, "calibrate", lambda: RIGGED)
     prog = g.compile(outs, backend="c", search=1, search_budget_s=20)
@@ -113,7 +113,7 @@ def test_search_off_lowers_every_match():
         program = Program.build(g, outs)
         everything = frozenset(a.root.id for a in find_alternatives(program))
         default, chosen = (form_kernels(program, lower_only=s) for s in (None, everything))
-        assert [(k.name, k.schedule) for k in default.kernels] == [(k.name, k.schedule) for k in chosen.kernels]
+        assert [(k.name, k.kind) for k in default.kernels] == [(k.name, k.kind) for k in chosen.kernels]
 
 
 def test_level_two_keeps_lowering_through_rewrites():
@@ -130,4 +130,4 @@ def test_level_two_keeps_lowering_through_rewrites():
         assert [d.chosen for d in r.decisions] == [lowered]
         roots = {a.root.id for a in find_alternatives(r.program) if a.kind == "qmatmul"}
         assert r.lower_only == (roots if lowered else frozenset())
-        assert ("qmatmul" in [k.schedule for k in form_kernels(r.program, lower_only=r.lower_only).kernels]) == lowered
+        assert ("qmatmul" in [k.kind for k in form_kernels(r.program, lower_only=r.lower_only).kernels]) == lowered

@@ -11,7 +11,9 @@ import pytest
 import lightspeed as ls
 from lightspeed.backend.c import render as c_render
 from lightspeed.graph import Program
+from lightspeed.backend.c.scheduling import assign_schedules
 from lightspeed.kernel import form_kernels
+from lightspeed.kernel.schedule import Register, Tile
 from lightspeed.search import knobs as K
 from lightspeed.search import schedule as S
 
@@ -43,14 +45,32 @@ def test_override_restores_and_rejects_unknown_knobs():
 
 def test_knobs_change_the_rendered_kernel_only_where_they_apply():
     g, outs = matmul_softmax()
-    plan = form_kernels(Program.build(g, outs))
+    plan = form_kernels(Program.build(g, outs), gemm=False)  # the tiled form of the matmul
     base = c_render.render_plan(plan)
-    tiled = [k for k in plan.kernels if k.schedule == "tiled"]
-    assert tiled, [k.schedule for k in plan.kernels]
+    tiled = [k for k in plan.kernels if k.kind == "tiled"]
+    assert tiled, [k.kind for k in plan.kernels]
     other = c_render.render_plan(plan, schedule=K.per_kernel({tiled[0].name: {"TILE": 32, "ROW_BLOCK": 2}}))
     assert other != base
     # knobs of another kind of kernel change nothing here
     assert c_render.render_plan(plan, schedule=K.uniform({"ATTENTION_ROWS": 8})) == base
+
+
+def test_gemm_knobs_edit_the_kernels_own_schedule_only_while_it_renders():
+    g, outs = matmul_softmax()
+    plan = assign_schedules(form_kernels(Program.build(g, outs)))
+    (gemm,) = [k for k in plan.kernels if k.kind == "gemm"]
+    before = gemm.schedule
+    base = c_render.render_plan(plan)
+    knobs = {"GEMM_TILE_K": 40, "GEMM_TILE_M": 50, "GEMM_UNROLL_K": 2}
+    other = c_render.render_plan(plan, schedule=K.per_kernel({gemm.name: knobs}))
+    assert other != base and "k0 += 40" in other and "k0 += 40" not in base
+    assert gemm.schedule is before  # restored: nothing outside the rendering changed
+    edited = K.schedule_steps(before, knobs)
+    assert edited.size(Tile, "k", 0) == 40 and edited.size(Tile, "m", 0) % edited.size(Register, "m", 1) == 0
+    # the search measures gemm schedules and keeps only candidates that agree with the reference
+    res = S.tune_schedule(Program.build(g, outs), plan, level=1, budget_s=60, progress=False, use_cache=False)
+    assert res.tried >= 2 and res.rejected == 0, res
+    assert all(set(c) <= set(K.BY_SCHEDULE["gemm"]) for name, c in res.choice.items() if name == gemm.name)
 
 
 def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
@@ -58,12 +78,12 @@ def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
     the reference, the tuning cache answers a second search at once, and a tiny budget holds."""
     g, outs = matmul_softmax()
     program = Program.build(g, outs)
-    plan = form_kernels(program)
+    plan = form_kernels(program, gemm=False)
     broken = {"TILE": 32, "ROW_BLOCK": 4}
     monkeypatch.setattr(K, "QUICK", [{"TILE": 8, "ROW_BLOCK": 6}, broken])
     real_render = S.render_plan
 
-    tiled = next(k for k in plan.kernels if k.schedule == "tiled")
+    tiled = next(k for k in plan.kernels if k.kind == "tiled")
 
     def render(plan_, profile=False, schedule=None):
         src = real_render(plan_, profile=profile, schedule=schedule)
@@ -81,11 +101,12 @@ def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
     assert res.default_seconds is not None and res.default_seconds > 0
     # the chosen schedule as the C backend renders it agrees with the reference
     monkeypatch.setattr(S, "render_plan", real_render)
-    prog = g.compile(outs, backend="c")
+    prog = g.compile(outs, backend="c", gemm=False)
     x, w = (np.random.default_rng(k).standard_normal((96, 96)).astype(np.float32) for k in range(2))
     ref = g.compile(outs, backend="reference")(x=x, w=w)[0]
     tuned_src = c_render.render_plan(plan, schedule=res.schedule())
     assert "-= (" not in tuned_src
+    assert "gemm" not in [k.kind for k in plan.kernels]
     np.testing.assert_allclose(prog(x=x, w=w)[0], ref, rtol=1e-4, atol=1e-6)
     # a second search finds every kernel in the tuning cache
     t0 = time.perf_counter()
@@ -104,7 +125,7 @@ def test_the_cache_keeps_what_the_whole_program_check_decided(monkeypatch):
     cache then says "heuristics" for that kernel too: a cached search answers what the search chose."""
     g, outs = matmul_softmax()
     program = Program.build(g, outs)
-    plan = form_kernels(program)
+    plan = form_kernels(program, gemm=False)
     monkeypatch.setattr(K, "configurations", lambda level: [{}, {"TILE": 8, "ROW_BLOCK": 6}])
     real_time, runs = S.PlanRunner.time, []
 
@@ -156,7 +177,7 @@ def test_level_two_uses_the_e_graph(monkeypatch):
     prog = g.compile([y], backend="c", search=2, search_budget_s=30)
     report = prog.executor.search_report
     assert report.graph == "e-graph"
-    assert [k.schedule for k in prog.executor.plan.kernels] == ["loop"]
+    assert [k.kind for k in prog.executor.plan.kernels] == ["loop"]
     rng = np.random.default_rng(0)
     xs, as_, bs = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3))
     np.testing.assert_allclose(prog(x=xs, a=as_, b=bs)[0], xs * as_ + xs * bs, rtol=1e-5, atol=1e-5)

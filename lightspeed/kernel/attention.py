@@ -76,8 +76,7 @@ def _uses(idx, var: sym.Var) -> bool:
 
 
 def _var(name: str, size) -> sym.Var:
-    from .fusion import _loop_var  # (fusion imports this module)
-    return _loop_var(name, size)
+    return ir.loop_var(name, size)
 
 
 def _match_chain(r: Node) -> _Chain | None:

@@ -22,6 +22,7 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..ops import Op
 from . import ir
+from .ir import ir_vars
 
 # keys are skipped only when the masked score is far below any score a row can plausibly reach: the kernel
 # checks the exactness anyway, but a mask of e.g. 0 would make every work item compute twice
@@ -36,23 +37,6 @@ class KeyMask:
     masked: float
     upper: list[ir.IR]
     lower: list[ir.IR]
-
-
-def ir_vars(x: ir.IR) -> set[sym.Var]:
-    """The loop variables ``x`` reads (in offsets, indices, selects, reduction and gather sizes)."""
-    out: set[sym.Var] = set()
-    for y in x.walk():
-        if isinstance(y, ir.Load):
-            out |= sym.free_vars(y.offset)
-        elif isinstance(y, ir.Index):
-            out |= sym.free_vars(y.expr)
-        elif isinstance(y, ir.Select):
-            out |= sym.free_vars(y.valid)
-        elif isinstance(y, ir.Reduce):
-            out |= sym.free_vars(y.size)
-        elif isinstance(y, ir.Gather):
-            out |= sym.free_vars(y.rows)
-    return out
 
 
 def _key(x: ir.IR) -> tuple:

@@ -18,6 +18,8 @@ from ..graph import ArrayConst, Node, Program
 from ..ops import BINARY, ELEMENTWISE, REDUCE, UNARY, Op
 from ..shape import ShapeTracker, unravel
 from . import ir
+from .ir import coefficient, dense_offset, loop_var
+from .matmul_form import match_matmul
 from .quantized import (QUANT_ACT_QTYPES, QuantizedMatmul, activation_mode, activation_scratch_layout,
                         match_quantized_matmul)
 
@@ -60,27 +62,13 @@ def _injective_plain(st: ShapeTracker) -> bool:
     return len(st.views) == 1 and st.views[0].mask is None and not _expands(st)
 
 
-def _dense_offset(idx, shape) -> sint:
-    off: sint = 0
-    acc: sint = 1
-    for i, s in zip(reversed(list(idx)), reversed(list(shape))):
-        if not sym.same(s, 1):
-            off = sym.add(off, sym.mul(i, acc))
-        acc = sym.mul(acc, s)
-    return off
-
-
-def _loop_var(name: str, size: sint) -> sym.Var:
-    hi = max(sym.upper_bound(size) - 1, 0)
-    return sym.Var(name, 0, hi, sym.to_expr(sym.add(size, -1)) if not sym.is_const(size) else sym.Const(hi))
-
-
 class Former:
     """Builds a KernelPlan from a Program."""
 
     def __init__(self, program: Program, use_templates: bool = True, activations: str = "float",
-                 lower_only: frozenset[int] | None = None):
+                 lower_only: frozenset[int] | None = None, gemm: bool = True):
         self.program = program
+        self.generate_gemm = gemm  # matmul-like reductions become "gemm" kernels (packed, register-blocked)
         self.lower_only = lower_only  # None: every match lowers; else only matches at these node ids (search)
         self.activations = activation_mode(activations)
         self.graph = program.graph
@@ -117,6 +105,10 @@ class Former:
         # lowered kernels offered for primitive subgraphs (quantized matmuls), found before any decision
         lowerings = self.graph.lowerings
         self.decoded_weights = {nid for nid in lowerings if nid in self.consumers}
+        # ... nor are the parts of its decode that read only the raw weight bytes (a block's scale): stored,
+        # they would be recomputed into a buffer every call; inlined, they are a load per block of the kernel
+        # that reads the weight (hoisted out of its inner loop)
+        self.decode_parts = self._constant_parts(self.decoded_weights)
         self.quantized: dict[int, QuantizedMatmul] = {}
         if use_templates:
             for n in order:
@@ -148,6 +140,28 @@ class Former:
         """Whether a lowered kernel matched at ``n`` may replace its primitive form (graph search decides
         per node with ``lower_only``; matchers that decide things for a set of matches ask first)."""
         return self.lower_only is None or n.id in self.lower_only
+
+    def _constant_parts(self, roots: set[int]) -> set[int]:
+        """Nodes below ``roots`` (exclusive) that depend on constants only and are read only within them."""
+        by_id = {n.id: n for n in self.nodes}
+        below: set[int] = set()
+        stack = [s for r in roots for s, _ in by_id[r].srcs]
+        while stack:
+            n = stack.pop()
+            if n.id in below or n.op in (Op.INPUT, Op.CONST, Op.IOTA):
+                continue
+            below.add(n.id)
+            stack += [s for s, _ in n.srcs]
+        constant = {nid for nid in below if self._depends_on_constants_only(by_id[nid], {})}
+        inside = roots | constant
+        return {nid for nid in constant if all(c.id in inside for c, _ in self.consumers[nid])}
+
+    @staticmethod
+    def _depends_on_constants_only(n: Node, memo: dict[int, bool]) -> bool:
+        if n.id not in memo:
+            memo[n.id] = n.op is not Op.INPUT and all(
+                Former._depends_on_constants_only(s, memo) and not sym.free_vars(*st.shape) for s, st in n.srcs)
+        return memo[n.id]
 
     @staticmethod
     def _topo(roots, seen, order):
@@ -185,7 +199,7 @@ class Former:
             return True
         if n.id in self.inlined:
             return False
-        if n.id in self.decoded_weights:  # a decoded weight matrix is never stored: decode where it is read
+        if n.id in self.decoded_weights or n.id in self.decode_parts:  # never stored: decode where it is read
             return False
         if n.op in (Op.CONST, Op.IOTA):
             return False
@@ -193,7 +207,7 @@ class Former:
         if n.op in REDUCE:
             if len(uses) != 1 or not _injective_plain(uses[0][1]):
                 return True
-            return self._reduce_schedule(n) == "tiled"
+            return self._reduce_schedule(n) in ("tiled", "gemm")
         cost = self._cost(n)
         if cost >= (1 << 20):  # contains an inlined reduction
             return len(uses) > 1 or any(not _injective_plain(st) for _, st in uses)
@@ -208,26 +222,28 @@ class Former:
         more bytes contiguously than 'loop' (one output at a time, the reduced axis innermost)."""
         if not n.shape:
             return "loop"
-        vars_ = [_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape)]
-        rvar = _loop_var("kr", n.srcs[0][1].shape[n.arg])
+        vars_ = [loop_var(f"ko{k}", s) for k, s in enumerate(n.shape)]
+        rvar = loop_var("kr", n.srcs[0][1].shape[n.arg])
         idx = list(vars_)
         idx.insert(n.arg, rvar)
         body = self._read(n.srcs[0][0], n.srcs[0][1], idx)
+        if self.generate_gemm and _gemm_sized(n, rvar, vars_, body):
+            return "gemm"
         strided_in_loop = strided_in_tiled = 0
         for ld in body.walk():
             if not isinstance(ld, ir.Load):
                 continue
             size = ld.buf.nbytes or sym.upper_bound(sym.prod(ld.buf.shape))
-            if _coef(ld.offset, rvar) not in (0, 1, -1):
+            if coefficient(ld.offset, rvar) not in (0, 1, -1):
                 strided_in_loop += size
-            if _coef(ld.offset, vars_[-1]) not in (0, 1, -1):
+            if coefficient(ld.offset, vars_[-1]) not in (0, 1, -1):
                 strided_in_tiled += size
         return "tiled" if strided_in_loop > strided_in_tiled else "loop"
 
     # IR building ----------------------------------------------------------------
     def _fresh(self, prefix: str, size: sint) -> sym.Var:
         self.counter += 1
-        return _loop_var(f"{prefix}{self.counter}", size)
+        return loop_var(f"{prefix}{self.counter}", size)
 
     def _read(self, src: Node, st: ShapeTracker, idx) -> ir.IR:
         off, valid = st.index(idx)
@@ -246,10 +262,10 @@ class Former:
         op = n.op
         if op is Op.CONST:
             if isinstance(n.arg, ArrayConst):
-                return ir.Load(self.buffers[n.id], _dense_offset(idx, n.shape), n.dtype)
+                return ir.Load(self.buffers[n.id], dense_offset(idx, n.shape), n.dtype)
             return ir.Const(n.arg, n.dtype)
         if op is Op.INPUT:
-            return ir.Load(self.buffers[n.id], _dense_offset(idx, n.shape), n.dtype)
+            return ir.Load(self.buffers[n.id], dense_offset(idx, n.shape), n.dtype)
         if op is Op.IOTA:
             return ir.Index(idx[0], n.dtype)
         if op in UNARY or op in BINARY:
@@ -337,13 +353,13 @@ class Former:
     def _kernels_for(self, n: Node, buf: ir.Buffer) -> list[ir.Kernel]:
         name = f"k{n.id}"
         self.counter = 0  # loop variables are numbered per kernel: identical layers give identical IR
-        vars_ = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape))
+        vars_ = tuple(loop_var(f"ko{k}", s) for k, s in enumerate(n.shape))
         if n.op is Op.SCATTER:
             (dest, dst), (ind, ist), (src, sst) = n.srcs
             copy = None if n.id in self.in_place else \
                 ir.Kernel(name + "_copy", buf, n.shape, vars_, self._read(dest, dst, list(vars_)))
-            m = _loop_var("km", ist.shape[0])
-            rest = tuple(_loop_var(f"ko{k}", s) for k, s in enumerate(n.shape[1:], start=1))
+            m = loop_var("km", ist.shape[0])
+            rest = tuple(loop_var(f"ko{k}", s) for k, s in enumerate(n.shape[1:], start=1))
             svars = (m,) + rest
             index = self._read(ind, ist, [m])
             value = self._read(src, sst, list(svars))
@@ -364,10 +380,25 @@ class Former:
         if n.id in self.lowered:  # --- lowered kernels (search hook)
             return self.lowered[n.id].kernels(self, n, buf, name, vars_)
         value = self._compute(n, list(vars_))
-        schedule = "loop"
-        if n.op in REDUCE and self._reduce_schedule(n) == "tiled":
-            schedule = "tiled"
-        return [ir.Kernel(name, buf, n.shape, vars_, value, schedule)]
+        kind = self._reduce_schedule(n) if n.op in REDUCE else "loop"
+        return [ir.Kernel(name, buf, n.shape, vars_, value, kind)]
+
+
+# a matmul-like reduction runs as a packed gemm when its operands are at least this large (upper bounds)
+GEMM_MIN_ROWS = 8
+GEMM_MIN_COLS = 16
+GEMM_MIN_DEPTH = 16
+
+
+def _gemm_sized(n: Node, rvar: sym.Var, vars_, body: ir.IR) -> bool:
+    """Whether reduction ``n`` (its body ``body`` over ``rvar`` at ``vars_``) is matmul-like and large enough
+    that packing its operands pays (matmul_form.py)."""
+    red = ir.Reduce(n.op, rvar, n.srcs[0][1].shape[n.arg], body, n.dtype)
+    form = match_matmul(red, tuple(vars_))
+    if form is None:
+        return False
+    return (sym.upper_bound(n.shape[form.m]) >= GEMM_MIN_ROWS and sym.upper_bound(n.shape[form.n]) >= GEMM_MIN_COLS
+            and sym.upper_bound(red.size) >= GEMM_MIN_DEPTH)
 
 
 def _same_shape(a, b) -> bool:
@@ -376,19 +407,6 @@ def _same_shape(a, b) -> bool:
 
 def _nbytes(n: Node) -> int:
     return max(sym.upper_bound(sym.prod(n.shape)), 1) * n.dtype.itemsize
-
-
-def _coef(expr: sint, var: sym.Var) -> int | None:
-    """The constant coefficient of ``var`` in a linear offset, or None if it is not linear in it."""
-    e = sym.to_expr(expr)
-    if e == var:
-        return 1
-    if isinstance(e, sym.Sum):
-        for t, k in e.terms:
-            if t == var:
-                return k
-        return 0 if var not in e.vars() else None
-    return 0 if var not in e.vars() else None
 
 
 def _reads(kern: ir.Kernel) -> list[ir.Buffer]:
@@ -431,10 +449,11 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
 
 
 def form_kernels(program: Program, use_templates: bool = True, activations: str = "float",
-                 lower_only: frozenset[int] | None = None) -> KernelPlan:
+                 lower_only: frozenset[int] | None = None, gemm: bool = True) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
     ``activations`` is how quantized matmuls take their activations: "float" (float32, exact decode),
     "int16" or "int8" (quantized per block of 32 once per call: faster, not bit-exact);
     ``lower_only`` (graph search's choice) lets only the lowered kernels matched at these node ids replace
-    their primitive forms (None: all of them)."""
-    return Former(program, use_templates, activations, lower_only).plan()
+    their primitive forms (None: all of them); ``gemm=False`` keeps matmul-like reductions in the plain
+    loop forms instead of "gemm" kernels."""
+    return Former(program, use_templates, activations, lower_only, gemm).plan()

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 from .. import dtypes as dt
 from ..ops import Op
+from .. import symbolic as sym
 from ..symbolic import Var, sint
 
 
@@ -122,22 +123,72 @@ class Gather(IR):
 class Kernel:
     """One loop nest computing ``value`` at every index ``loop_vars`` of ``shape`` into ``out``.
 
-    schedule: "loop" (one output element per iteration, inner reductions in place) or
-    "tiled" (the top-level reduction accumulates a tile of the last axis at once).
-    A "scatter" kernel writes ``value`` at rows given by ``scatter_index``.
+    kind: the loop form: "loop" (one output element per iteration, inner reductions in place), "tiled"
+    (the top-level reduction accumulates a tile of the last axis at once), "gemm" (a matmul-like
+    reduction, see matmul_form.py, run as packed panels and a register block), "scatter" (writes
+    ``value`` at rows given by ``scatter_index``) or a lowered kernel's ("qmatmul", "attention").
+    schedule: how its loops run (schedule.py); None until a backend's heuristics or a search set it.
     """
     name: str
     out: Buffer
     shape: tuple[sint, ...]
     loop_vars: tuple[Var, ...]
     value: IR
-    schedule: str = "loop"
+    kind: str = "loop"
     scatter_index: IR | None = None
     scatter_rows: sint = 0
     reads: list[Buffer] = field(default_factory=list)
     template: Any = None  # a lowered kernel (e.g. kernel.quantized.QuantizedMatmul) and its buffers
     template_reads: list[Buffer] = field(default_factory=list)
     scratch: list[Buffer] = field(default_factory=list)  # arena space the kernel uses only while it runs
+    schedule: Any = None  # a schedule.Schedule
 
     def cost(self) -> int:
         return sum(1 for _ in self.value.walk())
+
+
+def ir_vars(x: IR) -> set[Var]:
+    """The loop variables ``x`` reads (in offsets, indices, selects, reduction and gather sizes)."""
+    out: set[Var] = set()
+    for y in x.walk():
+        if isinstance(y, Load):
+            out |= sym.free_vars(y.offset)
+        elif isinstance(y, Index):
+            out |= sym.free_vars(y.expr)
+        elif isinstance(y, Select):
+            out |= sym.free_vars(y.valid)
+        elif isinstance(y, Reduce):
+            out |= sym.free_vars(y.size)
+        elif isinstance(y, Gather):
+            out |= sym.free_vars(y.rows)
+    return out
+
+
+def dense_offset(idx, shape) -> sint:
+    """The row-major offset of index ``idx`` in a dense array of ``shape`` (size-1 axes add nothing)."""
+    off: sint = 0
+    acc: sint = 1
+    for i, s in zip(reversed(list(idx)), reversed(list(shape))):
+        if not sym.same(s, 1):
+            off = sym.add(off, sym.mul(i, acc))
+        acc = sym.mul(acc, s)
+    return off
+
+
+def loop_var(name: str, size: sint) -> Var:
+    """A loop variable over [0, size): its upper bound is ``size - 1`` (symbolic when ``size`` is)."""
+    hi = max(sym.upper_bound(size) - 1, 0)
+    return sym.Var(name, 0, hi, sym.to_expr(sym.add(size, -1)) if not sym.is_const(size) else sym.Const(hi))
+
+
+def coefficient(expr: sint, var: sym.Var) -> int | None:
+    """The constant coefficient of ``var`` in a linear offset, or None if it is not linear in it."""
+    e = sym.to_expr(expr)
+    if e == var:
+        return 1
+    if isinstance(e, sym.Sum):
+        for t, k in e.terms:
+            if t == var:
+                return k
+        return 0 if var not in e.vars() else None
+    return 0 if var not in e.vars() else None

@@ -115,7 +115,7 @@ def tune_schedule(program: Program, plan: KernelPlan, level: int = 1, budget_s: 
     if budget_s <= 0:
         res.stopped_by = "budget"
         return res
-    tunable = [k for k in plan.kernels if K.BY_SCHEDULE.get(k.schedule)]
+    tunable = [k for k in plan.kernels if K.BY_SCHEDULE.get(k.kind)]
     if not tunable:
         res.stopped_by, res.seconds = "nothing-to-tune", time.perf_counter() - t0
         return res

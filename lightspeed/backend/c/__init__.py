@@ -19,6 +19,7 @@ from .compiler import (CompilerError, compile_shared, default_flags, find_compil
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
 from .render import render_plan
+from .scheduling import assign_schedules
 
 _FFI = cffi.FFI()
 _FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];")
@@ -95,7 +96,10 @@ class CBackend:
     (dimension values to tune at), ``huge_pages`` (copy constants of at least 64 KiB, i.e. weights, once
     into memory advised for 2 MiB pages, releasing the pages of a read-only file mapping they came from;
     see lightspeed/memory.py), ``plan_cache`` (reuse the rendered source of a structurally identical
-    program compiled before, skipping kernel formation and rendering; see plan_cache.py)."""
+    program compiled before, skipping kernel formation and rendering; see plan_cache.py), ``gemm`` (False
+    keeps matmul-like reductions in plain loops instead of packed, register-blocked "gemm" kernels),
+    ``schedules`` (a function kernel -> kernel.schedule.Schedule or None: the schedule of each gemm kernel
+    in place of the heuristics' default; see docs/architecture.md, "Schedules")."""
 
     writes_into = True  # run(..., out=) writes outputs into the caller's arrays
 
@@ -103,14 +107,15 @@ class CBackend:
                  templates: bool = True, profile: bool = False, portable: bool = False,
                  activations: str = "float", int8_activations: bool = False, search: int = 0,
                  search_budget_s: float | None = None, search_dims: dict | None = None, huge_pages: bool = True,
-                 plan_cache: bool = True):
+                 plan_cache: bool = True, gemm: bool = True, schedules=None):
         t0 = time.perf_counter()
         self.program = program
         # a program compiled before (same structure, options and code) skips formation and rendering
-        form_options = dict(use_templates=templates, activations=activation_mode(activations, int8_activations))
-        cached = lookup_plan(program, form_options,
-                             enabled=plan_cache and not search, profile=profile, portable=portable)
-        self.plan = cached.plan or form_kernels(program, **form_options)
+        form_options = dict(use_templates=templates, activations=activation_mode(activations, int8_activations),
+                            gemm=gemm)
+        cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None,
+                             profile=profile, portable=portable)
+        self.plan = cached.plan or assign_schedules(form_kernels(program, **form_options), choose=schedules)
         self.profile = profile
         schedule, self.search_report = None, None
         if search:  # --- search hook (lightspeed/search): graph rewrites, then measured kernel schedules
@@ -162,7 +167,7 @@ class CBackend:
             raise ValueError("kernel_times: compile with backend options profile=True")
         out = []
         for i, k in enumerate(self.plan.kernels):
-            out.append((f"{k.name}:{k.schedule}", self._profile[i] / 1e9))
+            out.append((f"{k.name}:{k.kind}", self._profile[i] / 1e9))
             if reset:
                 self._profile[i] = 0
         return out

@@ -19,9 +19,9 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
-from ...kernel.attention_mask import ir_vars
-from ...kernel.fusion import _coef
+from ...kernel.ir import coefficient, dense_offset, ir_vars
 from . import attention_split as ks
+from .ctext import float_literal
 from .attention_skip import block_test, key_mask, pass_close, pass_open
 from ...ops import Op
 
@@ -106,8 +106,7 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
     """(the kernel's static function, its launch statement) for renderer ``r`` (a KernelRenderer).
 
     ``schedule`` may override ``rows``, ``keys`` and ``vector_bytes`` (a kernel-level search knob)."""
-    from .render import PARALLEL_GRAIN, float_literal
-    from ...kernel.fusion import _dense_offset
+    PARALLEL_GRAIN = r.parallel_grain()
     schedule = schedule or {}
     t: AttentionKernel = k.template
     vars_ = list(k.loop_vars)
@@ -199,7 +198,7 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
         r.rename[t.i] = "(i0 + rr)"
         lines += _online_update(t, C, KB)
         lines += _values(r, t, KB, widths)
-        out_off = r.idx(_dense_offset(vars_, shape))
+        out_off = r.idx(dense_offset(vars_, shape))
         M = float_literal(mask.masked) if mask else None
         lines += ["        }"] + (pass_close(mask, M, C, split is not None) if mask else [])
         write = ["        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
@@ -360,7 +359,7 @@ def _row_source(x: ir.IR, var: sym.Var) -> tuple[ir.Load, bool] | None:
     that is contiguous along ``var``: a float32 load, or a float16 load widened to float32 (exact)."""
     half = isinstance(x, ir.Cast) and x.dtype is dt.float32 and isinstance(x.arg, ir.Load)
     load = x.arg if half else x
-    if not isinstance(load, ir.Load) or _coef(load.offset, var) != 1:
+    if not isinstance(load, ir.Load) or coefficient(load.offset, var) != 1:
         return None
     want = dt.float16 if half else dt.float32
     if load.buf.dtype is not want or (not half and load.dtype is not dt.float32):

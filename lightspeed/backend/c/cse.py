@@ -28,6 +28,7 @@ from ...kernel import ir
 from ...ops import Op
 
 MIN_SAVED = 32  # a repeated subexpression is named when that makes the text at least this much shorter
+MIN_HOISTED = 24  # a loop-invariant subexpression of a loop that always runs is named (hoisted) from this length
 
 _MARK = re.compile("\x01(\\d+)\x02|\x03(\\d+)\x04")  # a slot's text, a region's text (placeholders)
 
@@ -106,6 +107,16 @@ def sym_c(e: sym.Expr, sub: Callable[[sym.sint], str], guarded: Callable[[sym.si
     raise NotImplementedError(f"C renderer: symbolic {type(e).__name__}")
 
 
+def _always(x) -> list:
+    """The operands the C text of ``x`` evaluates whenever it evaluates ``x``: the unconditional ones, and
+    the body of a reduction over a constant, non-empty range (its loop runs at least once, so a part of the
+    body that does not read the loop variable may be computed once before the loop)."""
+    always = edges(x)[0]
+    if isinstance(x, ir.Reduce) and sym.is_const(x.size) and int(x.size) >= 1:
+        return always + [x.body]
+    return always
+
+
 class Region:
     """A part of the expression the C code evaluates as a whole or not at all."""
 
@@ -122,6 +133,7 @@ class Slot:
         self.id, self.region, self.ctype, self.text = sid, region, ctype, text
         self.uses = 0
         self.name: str | None = None
+        self.invariant = False  # asked for inside a loop whose variable it does not read
 
 
 class Cse:
@@ -201,7 +213,7 @@ class Cse:
         if got is None:
             seen, todo = {root}, [root]
             while todo:
-                for c in edges(self.nodes[todo.pop()])[0]:
+                for c in _always(self.nodes[todo.pop()]):
                     if is_node(c):
                         k = self.nid(c)
                         if k not in seen:
@@ -235,6 +247,11 @@ class Cse:
             slot = self.slot_of[(target.id, k)] = Slot(len(self.slots), target, ctype, text)
             self.slots.append(slot)
             self.order.append(slot)
+        r = self.current
+        while r is not target and r is not None:
+            if r.binds:
+                slot.invariant = True
+            r = r.parent
         slot.uses += 1
         return f"\x01{slot.id}\x02"
 
@@ -288,7 +305,8 @@ class Cse:
             if isinstance(item, Slot):
                 n = length(item.text)
                 # const T _xN = ...; then _xN at each use (names are about 4 characters)
-                if (item.uses - 1) * n - len(item.ctype) - 12 - 4 * (item.uses + 1) >= self.min_saved:
+                if ((item.uses - 1) * n - len(item.ctype) - 12 - 4 * (item.uses + 1) >= self.min_saved
+                        or (item.invariant and n >= MIN_HOISTED)):
                     item.name = self.new_name()
                     item.region.decls.append(item)
                     n = len(item.name)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from ... import symbolic as sym
 from ...kernel import ir
+from ...ops import Op
 
 MIN_INNER = 8  # a divisor at least this large becomes the inner (vectorised) loop; smaller ones are unrolled
 
@@ -115,3 +116,52 @@ def split_inner(value: ir.IR, offset: sym.sint, j: sym.Var, size: sym.sint, make
         elif all(_clean([e.substitute({j: sym.add(sym.mul(hi, c), r)}) for e in exprs], hi) for r in range(c)):
             return Split(c, hi, lo, unrolled=True)
     return None
+
+
+def split_reduction(x: ir.Reduce, make_var) -> ir.Reduce | None:
+    """A float sum over ``v`` whose body divides ``v`` by a constant ``c`` (a quantized block index
+    ``v // 32``, ``v % 32``) as a sum over blocks of a sum over ``c`` contiguous elements, or None:
+    ``v = c * hi + lo`` drops the divisions, so the inner loop vectorises and the per-block loads (a
+    block's scale) move out of it. Taken only when no division involves ``lo`` afterwards."""
+    if x.op is not Op.SUM_REDUCE or not x.dtype.is_float or not sym.is_const(x.size):
+        return None
+    if any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.body.walk()):
+        return None
+    n, v = int(x.size), x.var
+    exprs = _index_exprs(x.body)
+    divisors = {d.b.value for e in exprs for d in _divmods(e)
+                if isinstance(d.b, sym.Const) and v in d.a.vars() and MIN_INNER <= d.b.value < n and n % d.b.value == 0}
+    for c in sorted(divisors, reverse=True):
+        hi, lo = make_var(f"{v.name}_hi", n // c), make_var(f"{v.name}_lo", c)
+        body = substitute(x.body, {v: sym.add(sym.mul(hi, c), lo)})
+        if _clean(_index_exprs(body), lo):
+            return ir.Reduce(x.op, hi, n // c, ir.Reduce(x.op, lo, c, body, x.dtype), x.dtype)
+    return None
+
+
+def split_reductions(value: ir.IR, make_var, memo: dict | None = None) -> ir.IR:
+    """``value`` with every reduction ``split_reduction`` applies to split into blocks (shared operands stay
+    shared; everything else is unchanged)."""
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
+    out = value
+    if isinstance(value, ir.Reduce):
+        out = split_reduction(value, make_var)
+        if out is None:
+            body = split_reductions(value.body, make_var, memo)
+            out = value if body is value.body else replace(value, body=body)
+    elif isinstance(value, ir.Alu):
+        args = tuple(split_reductions(a, make_var, memo) for a in value.args)
+        out = value if all(a is b for a, b in zip(args, value.args)) else replace(value, args=args)
+    elif isinstance(value, (ir.Cast, ir.Select)):
+        child = value.arg if isinstance(value, ir.Cast) else value.value
+        new = split_reductions(child, make_var, memo)
+        if new is not child:
+            out = replace(value, arg=new) if isinstance(value, ir.Cast) else replace(value, value=new)
+    elif isinstance(value, ir.Gather):
+        index, body = split_reductions(value.index, make_var, memo), split_reductions(value.body, make_var, memo)
+        if index is not value.index or body is not value.body:
+            out = replace(value, index=index, body=body)
+    memo[id(value)] = out
+    return out

@@ -8,6 +8,7 @@ under a validity guard (padding) is never evaluated out of bounds.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 
 import numpy as np
@@ -16,12 +17,18 @@ from pathlib import Path
 from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
-from ...kernel.fusion import KernelPlan, _dense_offset, _loop_var
+from ...kernel.fusion import KernelPlan
+from ...kernel.ir import dense_offset, loop_var
+from ...kernel.heuristics import Target, gemm_schedule
+from ...kernel.matmul_form import match_matmul
 from ...kernel.quantized import HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout
 from ...quant import QType, block_format
 from ...ops import Op
 from .cse import Cse, is_node, sym_c
-from .loop_split import Split, split_inner, substitute
+from .gemm import inner_var, render_gemm, vector_helpers
+from .target import host_target
+from .ctext import float_literal
+from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
@@ -62,22 +69,18 @@ def compute_type(d: dt.DType) -> str:
     return STORAGE[d]
 
 
-def float_literal(v: float) -> str:
-    if math.isnan(v):
-        return "NAN"
-    if math.isinf(v):
-        return "INFINITY" if v > 0 else "(-INFINITY)"
-    return f"{float(v).hex()}f" if v != int(v) or abs(v) >= 2**24 else f"{float(v):.1f}f"
-
-
 class KernelRenderer:
     """Renders the IR of one kernel; keeps counters for unique local names."""
 
-    def __init__(self, plan: KernelPlan):
+    def __init__(self, plan: KernelPlan, target: Target | None = None):
         self.plan = plan
+        self.target = target or host_target()  # what default schedules are chosen for
         self.dims = set(plan.dims)
         self.rename: dict[sym.Var, str] = {}  # loop variables rendered as an expression (unrolled copies)
         self.cse: Cse | None = None  # while an expression renders: its repeated subexpressions are named once
+        self.gemm_support: dict[str, str] = {}  # micro-kernels the plan's gemm kernels call, by name
+        self.gemm_widths: set[int] = set()  # vector lane counts they use
+        self.pack_floats = 0  # floats of the per-thread packing buffer they need
         self.start_kernel(None)
 
     def start_kernel(self, k: ir.Kernel | None) -> None:
@@ -305,15 +308,38 @@ class KernelRenderer:
     def kernel(self, k: ir.Kernel) -> tuple[str, str]:
         """(the kernel's static function, the statement in ls_graph that runs it)."""
         self.start_kernel(k)
-        if k.schedule == "qmatmul":
+        if k.kind == "qmatmul":
             return self.quantized_matmul(k)
-        if k.schedule in LOWERED_RENDERERS:  # --- lowered kernels (search hook), e.g. attention.py
-            return LOWERED_RENDERERS[k.schedule](self, k)
+        if k.kind in LOWERED_RENDERERS:  # --- lowered kernels (search hook), e.g. attention.py
+            return LOWERED_RENDERERS[k.kind](self, k)
+        if k.kind == "gemm":
+            form = match_matmul(k.value, k.loop_vars)
+            if form is None:
+                raise ValueError(f"kernel {k.name}: kind 'gemm' but its value is not matmul-like")
+            # few rows: the plain loop form, vectorised along whichever axis b reads contiguously
+            small_kind = "tiled" if inner_var(form.b, k.loop_vars[form.n], form.reduce.var) is k.loop_vars[form.n] \
+                else "loop"
+            small = self.loop_kernel(k if small_kind == "tiled" else self.blocked_reductions(k), small_kind)
+            return render_gemm(self, k, k.schedule or gemm_schedule(self.target), form, small, dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
+        return self.loop_kernel(self.blocked_reductions(k) if k.kind == "loop" else k, k.kind)
+
+    @staticmethod
+    def blocked_reductions(k: ir.Kernel) -> ir.Kernel:
+        """``k`` with its block-structured sums split at the block size (loop_split.split_reduction)."""
+        value = split_reductions(k.value, loop_var)
+        return k if value is k.value else dataclasses.replace(k, value=value)
+
+    def parallel_grain(self) -> int:
+        """Estimated operations below which a kernel runs on the calling thread (read when it renders)."""
+        return PARALLEL_GRAIN
+
+    def loop_kernel(self, k: ir.Kernel, kind: str) -> tuple[str, str]:
+        """A kernel of loop form ``kind`` ("loop", "tiled" or "scatter"): (function, launch)."""
         shape, vars_ = list(k.shape), list(k.loop_vars)
         if not shape:  # a scalar: one iteration of a size-1 loop
-            shape, vars_ = [1], [_loop_var("ko_scalar", 1)]
+            shape, vars_ = [1], [loop_var("ko_scalar", 1)]
         outer, last = shape[:-1], shape[-1]
-        blocked = k.schedule == "tiled" and len(outer) >= 1  # rows of the tiled reduction go MR at a time
+        blocked = kind == "tiled" and len(outer) >= 1  # rows of the tiled reduction go MR at a time
         lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
                  "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
         lines += [f"    {d}" for d in self.decls(k)]
@@ -323,9 +349,9 @@ class KernelRenderer:
         else:
             P = self.idx(sym.prod(outer)) if outer else "1"
         L = self.idx(last)
-        dense = _dense_offset(vars_, shape) if k.shape else 0
-        plain = k.schedule not in ("tiled", "scatter")
-        split = split_inner(k.value, dense, vars_[-1], last, _loop_var) if plain else None
+        dense = dense_offset(vars_, shape) if k.shape else 0
+        plain = kind not in ("tiled", "scatter")
+        split = split_inner(k.value, dense, vars_[-1], last, loop_var) if plain else None
         # a split loop's chunks hold whole groups of split.c elements
         C = f"((L + nch - 1) / nch + {split.c - 1}) / {split.c} * {split.c}" if split else "(L + nch - 1) / nch"
         lines += [f"    const int64_t P = {P}, L = {L};", "    (void)P;",
@@ -342,9 +368,9 @@ class KernelRenderer:
             lines.append(f"        const int64_t {self.var(v)} = row % {self.idx(s)}; row /= {self.idx(s)};")
         lines += ["        (void)row;", "        const int64_t jb = ch * C, je = ls_min(L, jb + C);"]
         jv = self.var(vars_[-1])
-        if k.schedule == "tiled":
+        if kind == "tiled":
             lines += self.tiled_body(k, vars_, jv, vars_[-2] if blocked else None)
-        elif k.schedule == "scatter":
+        elif kind == "scatter":
             lines += self.scatter_body(k, vars_, jv)
         elif split is not None:
             lines += self.split_loop_body(k, vars_[-1], dense, split)
@@ -560,7 +586,7 @@ class KernelRenderer:
         nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in red.body.walk())
         simd = "" if nested else "_Pragma(\"omp simd\") "
         rv, size = self.var(red.var), self.idx(red.size)
-        off = self.idx(_dense_offset(vars_, k.shape))
+        off = self.idx(dense_offset(vars_, k.shape))
         rowname = self.var(row_var) if row_var is not None else None
         unrolled = []
         for c in range(mr_max):
@@ -598,10 +624,10 @@ class KernelRenderer:
         return lines
 
     def scatter_body(self, k: ir.Kernel, vars_, jv: str) -> list[str]:
-        rows_var = _loop_var("kid", k.scatter_rows)
+        rows_var = loop_var("kid", k.scatter_rows)
         kid = self.var(rows_var)
         # the scattered node's own shape (its buffer may be an output stored under a reshaped shape)
-        off = self.idx(_dense_offset([rows_var] + list(vars_[1:]), (k.scatter_rows,) + tuple(k.shape[1:])))
+        off = self.idx(dense_offset([rows_var] + list(vars_[1:]), (k.scatter_rows,) + tuple(k.shape[1:])))
         return [f"        for (int64_t {jv} = jb; {jv} < je; {jv}++) {{",
                 f"            const int64_t {kid} = (int64_t)({self.expr(k.scatter_index)});",
                 f"            if ({kid} >= 0 && {kid} < {self.idx(k.scatter_rows)}) "
@@ -638,6 +664,10 @@ def render_plan(plan: KernelPlan, profile: bool = False, schedule=None) -> str:
         ptrs = [b.slot if b.kind != "temp" else -1 - b.offset for b in r.kernel_buffers(k)]
         steps.append((name, ptrs, k.name))
     max_ptrs = max([len(p) for _, p, _ in steps] + [1])
+    support = ""
+    if r.pack_floats:  # gemm kernels: vector types, micro-kernels and one packing buffer per thread
+        support = (vector_helpers(r.gemm_widths) + "\n".join(r.gemm_support.values()) + "\n"
+                   f"static _Thread_local float ls_pack_buf[{r.pack_floats}] __attribute__((aligned(64)));\n")
     header = ("typedef struct { const ls_args *a; void *p[" + str(max_ptrs) + "]; } ls_launch;\n"
               "typedef struct { void (*run)(const ls_launch *); int n; int64_t ptr[" + str(max_ptrs) + "]; } ls_step;\n")
     funcs = []
@@ -666,4 +696,4 @@ def render_plan(plan: KernelPlan, profile: bool = False, schedule=None) -> str:
                    f"int64_t ls_profile_ns[{max(len(plan.kernels), 1)}];\n"
                    "static inline int64_t ls_now_ns(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); "
                    "return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec; }\n")
-    return PRELUDE + header + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"
+    return PRELUDE + header + support + "\n" + "\n\n".join(funcs) + "\n\n" + "\n".join(main) + "\n"

@@ -1,0 +1,212 @@
+"""C rendering of matmul-like kernels under their schedule: packed panels and a register-blocked micro-kernel.
+
+A work item is one tile of ``Tile("m")`` x ``Tile("n")`` outputs (of one batch index). For each block of
+``Tile("k")`` reduction steps it packs the item's tile of ``b`` into panels of ``Register("n")`` columns
+and its tile of ``a`` into panels of ``Register("m")`` rows (``Pack``: the factors are IR expressions, so
+a transposed, strided or quantized operand is read through its own index arithmetic once and then
+streams densely), and runs the micro-kernel on every pair of panels: an ``MR x NR`` block of
+accumulators held in GCC vector-extension registers of ``Vectorize("n")`` lanes, updated by one
+broadcast multiply-add per row and vector per step of k (``Unroll("k")``). Partial tiles compute on
+zero-padded panels and store their valid part. No intrinsics: the vector types lower to AVX-512, AVX2,
+NEON or plain code, whatever the compiler targets.
+
+Few rows (``M < Register("m") / 2``: decode) make packing a loss, so such calls run the kernel's plain loop
+form instead (rendered by the caller as ``small``).
+"""
+from __future__ import annotations
+
+from ... import symbolic as sym
+from ...kernel import ir
+from ...kernel.matmul_form import MatmulForm
+from ...kernel.schedule import Pack, Register, Schedule, ScheduleError, Tile, Unroll, Vectorize
+
+AXES = ("m", "n", "k")
+
+
+def gemm_sizes(s: Schedule) -> dict[str, int]:
+    """The sizes a gemm schedule sets (MC, NC, KC tiles, MR x NR register block, W lanes, U unroll)."""
+    s.validate(AXES)
+    out = {"MC": s.size(Tile, "m", 96), "NC": s.size(Tile, "n", 256), "KC": s.size(Tile, "k", 256),
+           "MR": s.size(Register, "m", 6), "NR": s.size(Register, "n", 16), "W": s.size(Vectorize, "n", 8),
+           "U": s.size(Unroll, "k", 1)}
+    if out["NR"] % out["W"]:
+        raise ScheduleError(f"gemm schedule: Register('n', {out['NR']}) is not a multiple of Vectorize('n', {out['W']})")
+    if out["MC"] % out["MR"] or out["NC"] % out["NR"]:
+        raise ScheduleError(f"gemm schedule: tiles {out['MC']}x{out['NC']} are not multiples of the register "
+                            f"block {out['MR']}x{out['NR']}")
+    if out["W"] & (out["W"] - 1):
+        raise ScheduleError(f"gemm schedule: Vectorize width {out['W']} is not a power of two")
+    if out["MR"] * out["NR"] // out["W"] > 64:
+        raise ScheduleError(f"gemm schedule: {out['MR']}x{out['NR']} accumulators of {out['W']} lanes is too many")
+    if not (s.packs("a") and s.packs("b")):
+        raise ScheduleError("gemm schedule: both operands must be packed (Pack('a', 'k'), Pack('b', 'k'))")
+    return out
+
+
+def pack_floats(s: Schedule) -> int:
+    """Floats of the per-thread packing buffer a kernel under ``s`` needs (a panel of each operand)."""
+    z = gemm_sizes(s)
+    return z["MC"] * z["KC"] + z["KC"] * z["NC"] + z["MR"] * z["NR"]
+
+
+def micro_kernel(MR: int, NR: int, W: int, U: int) -> tuple[str, str]:
+    """(name, C text) of the MR x NR micro-kernel with W-lane vectors: c[i, j] (=|+=) sum_kk a[kk, i] b[kk, j]
+    over packed panels ``ap`` (kc x MR) and ``bp`` (kc x NR); ``tile`` receives partial blocks."""
+    name = f"ls_ukr_{MR}x{NR}_w{W}_u{U}"
+    nv = NR // W
+    vt = f"ls_vf{W}"
+    acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(MR)]
+    lines = [f"static inline __attribute__((always_inline)) void {name}(int64_t kc, const float *restrict ap, "
+             "const float *restrict bp, float *restrict c, int64_t ldc, int64_t mr, int64_t nr, int first, "
+             "float *restrict tile) {"]
+    lines += [f"    {vt} " + ", ".join(f"{a} = {{0}}" for a in row) + ";" for row in acc]
+    lines += [f'    _Pragma("GCC unroll {U}")' if U > 1 else "",
+              "    for (int64_t kk = 0; kk < kc; kk++) {"]
+    lines += [f"        const {vt} b{v} = ls_vload{W}(bp + kk * {NR} + {v * W});" for v in range(nv)]
+    for i in range(MR):
+        lines.append(f"        {{ const float a = ap[kk * {MR} + {i}]; "
+                     + " ".join(f"{acc[i][v]} += a * b{v};" for v in range(nv)) + " }")
+    lines += ["    }",
+              f"    if (mr == {MR} && nr == {NR}) {{",
+              "        if (first) {"]
+    lines += [f"            ls_vstore{W}(c + {i} * ldc + {v * W}, {acc[i][v]});" for i in range(MR) for v in range(nv)]
+    lines += ["        } else {"]
+    lines += [f"            ls_vstore{W}(c + {i} * ldc + {v * W}, ls_vload{W}(c + {i} * ldc + {v * W}) + {acc[i][v]});"
+              for i in range(MR) for v in range(nv)]
+    lines += ["        }", "        return;", "    }"]
+    lines += [f"    ls_vstore{W}(tile + {i * NR + v * W}, {acc[i][v]});" for i in range(MR) for v in range(nv)]
+    lines += ["    for (int64_t i = 0; i < mr; i++)",
+              "        for (int64_t j = 0; j < nr; j++)",
+              f"            c[i * ldc + j] = first ? tile[i * {NR} + j] : c[i * ldc + j] + tile[i * {NR} + j];",
+              "}"]
+    return name, "\n".join(x for x in lines if x)
+
+
+def _pack_lines(dst: str, x: ir.IR, r, ov: str, kv: str, o0: str, on: str, R: int, outer_inner: bool) -> list[str]:
+    """Lines that pack factor ``x`` for outputs ``o0 .. o0 + on`` (C variable ``ov``) and reductions
+    ``k0 .. k0 + kc`` (``kv``) into ``dst``: panels of ``R`` outputs, ``kc x R`` each, outputs past ``on``
+    zero. ``outer_inner``: the factor reads memory contiguously along the output axis (so the lanes of a
+    panel are the inner loop); else along k (so k is)."""
+    text = r.expr(x)
+    head = [f"            for (int64_t o = 0; o < {on}; o += {R}) {{",
+            f"                float *restrict pan = {dst} + o * kc;",
+            f"                const int64_t rn = ls_min({R}, {on} - o);",
+            f"                if (rn < {R}) for (int64_t t = 0; t < kc * {R}; t++) pan[t] = 0.0f;"]
+    if outer_inner:
+        body = ["                for (int64_t kk = 0; kk < kc; kk++) {",
+                f"                    const int64_t {kv} = k0 + kk;",
+                '                    _Pragma("omp simd")',
+                "                    for (int64_t t = 0; t < rn; t++) {",
+                f"                        const int64_t {ov} = {o0} + o + t;",
+                f"                        pan[kk * {R} + t] = {text};",
+                "                    }", "                }"]
+    else:
+        body = ["                for (int64_t t = 0; t < rn; t++) {",
+                f"                    const int64_t {ov} = {o0} + o + t;",
+                '                    _Pragma("omp simd")',
+                "                    for (int64_t kk = 0; kk < kc; kk++) {",
+                f"                        const int64_t {kv} = k0 + kk;",
+                f"                        pan[kk * {R} + t] = {text};",
+                "                    }", "                }"]
+    return head + body + ["            }"]
+
+
+TILES_HELPER = """/* runtime tile sizes: the schedule's tiles, halved (in whole register blocks) while a call has fewer
+ * than 16 work items, so small matrices still spread over the threads (the same in the launcher and in
+ * the kernel, so it cannot ask the thread pool, whose lock a running kernel's launcher holds) */
+static inline void ls_gemm_tiles(int64_t B, int64_t M, int64_t N, int64_t MC, int64_t NC, int64_t MR, int64_t NR,
+                                 int64_t *mt, int64_t *nt) {
+    const int64_t want = 16;
+    int64_t mc = ls_min(MC, (M + MR - 1) / MR * MR), nc = ls_min(NC, (N + NR - 1) / NR * NR);
+    while (B * ((M + mc - 1) / mc) * ((N + nc - 1) / nc) < want) {
+        if (mc >= 4 * MR && mc >= nc / 4) mc = (mc / 2 + MR - 1) / MR * MR;
+        else if (nc >= 2 * NR) nc = (nc / 2 + NR - 1) / NR * NR;
+        else break;
+    }
+    *mt = mc; *nt = nc;
+}
+"""
+
+
+def vector_helpers(widths) -> str:
+    """Typedefs and unaligned load/store helpers for float vectors of the given lane counts, and the
+    runtime tile-size helper of gemm kernels."""
+    out = [TILES_HELPER]
+    for w in sorted(set(widths)):
+        out += [f"typedef float ls_vf{w} __attribute__((vector_size({4 * w})));",
+                f"static inline ls_vf{w} ls_vload{w}(const float *p) {{ ls_vf{w} v; memcpy(&v, p, sizeof v); return v; }}",
+                f"static inline void ls_vstore{w}(float *p, ls_vf{w} v) {{ memcpy(p, &v, sizeof v); }}"]
+    return "\n".join(out) + "\n"
+
+
+def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
+    """Which of two loop variables a packing loop should run innermost: the one some load of ``x`` reads
+    with unit stride (so the loop reads memory contiguously); ``second`` when neither is."""
+    for y in x.walk():
+        if isinstance(y, ir.Load):
+            e = sym.to_expr(y.offset)
+            if isinstance(e, sym.Sum) and (first, 1) in e.terms or e == first:
+                return first
+    return second
+
+
+def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tuple[str, str], dense: sym.sint,
+                grain: int) -> tuple[str, str]:
+    """(function text, launch text) of gemm kernel ``k`` under ``schedule``; ``small`` is the kernel's plain
+    loop form (function, launch) with ``KFN`` names, run when the call has few rows. ``r`` is the
+    KernelRenderer (expression rendering, buffer and variable names); ``dense`` the output's offset over
+    the loop variables; ``grain`` the work below which the call runs on the calling thread."""
+    z = gemm_sizes(schedule)
+    MC, NC, KC, MR, NR, W, U = (z[x] for x in ("MC", "NC", "KC", "MR", "NR", "W", "U"))
+    vars_, shape = list(k.loop_vars), list(k.shape)
+    mvar, nvar, kvar = vars_[form.m], vars_[form.n], form.reduce.var
+    batch = form.batch
+    ukr, ukr_text = micro_kernel(MR, NR, W, U)
+    r.gemm_support[ukr] = ukr_text
+    r.gemm_widths.add(W)
+    r.pack_floats = max(r.pack_floats, pack_floats(schedule))
+    M, N, K = r.idx(shape[form.m]), r.idx(shape[form.n]), r.idx(form.reduce.size)
+    ldc = r.idx(sym.prod(shape[form.m + 1:]))
+    dense = sym.to_expr(dense)
+    base = dense.substitute({mvar: 0, nvar: 0})
+    B = r.idx(sym.prod([shape[i] for i in batch])) if batch else "1"
+    lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
+             "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
+    lines += [f"    {d}" for d in r.decls(k)]
+    lines += [f"    const int64_t M = {M}, N = {N}, K = {K}, ldc = {ldc};",
+              f"    int64_t MT, NT; ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, &MT, &NT);",
+              "    const int64_t nmb = (M + MT - 1) / MT, nnb = (N + NT - 1) / NT;",
+              "    float *restrict ap = ls_pack_buf;",
+              f"    float *restrict bp = ls_pack_buf + {MC * KC};",
+              f"    float *restrict tile = ls_pack_buf + {MC * KC + KC * NC};",
+              "    for (int64_t p = p0; p < p1; p++) {",
+              "        int64_t q = p;",
+              "        const int64_t nb = q % nnb; q /= nnb;",
+              "        const int64_t mb = q % nmb; q /= nmb;"]
+    for i in reversed(batch):
+        lines.append(f"        const int64_t {r.var(vars_[i])} = q % {r.idx(shape[i])}; q /= {r.idx(shape[i])};")
+    lines += ["        (void)q;",
+              "        const int64_t i0 = mb * MT, mc = ls_min(MT, M - i0);",
+              "        const int64_t j0 = nb * NT, nc = ls_min(NT, N - j0);",
+              f"        float *restrict cb = {r.buf(k.out)} + ({r.idx(base)});",
+              f"        for (int64_t k0 = 0; k0 < K; k0 += {KC}) {{",
+              f"            const int64_t kc = ls_min({KC}, K - k0);"]
+    lines += _pack_lines("bp", form.b, r, r.var(nvar), r.var(kvar), "j0", "nc", NR,
+                         inner_var(form.b, nvar, kvar) is nvar)
+    lines += _pack_lines("ap", form.a, r, r.var(mvar), r.var(kvar), "i0", "mc", MR,
+                         inner_var(form.a, mvar, kvar) is mvar)
+    lines += [f"            for (int64_t jr = 0; jr < nc; jr += {NR})",
+              f"                for (int64_t ir = 0; ir < mc; ir += {MR})",
+              f"                    {ukr}(kc, ap + ir * kc, bp + jr * kc, cb + (i0 + ir) * ldc + j0 + jr, ldc, "
+              f"ls_min({MR}, mc - ir), ls_min({NR}, nc - jr), k0 == 0, tile);",
+              "        }",
+              "    }", "}"]
+    small_fn, small_call = small
+    work = f"M * N * K"
+    call = (f"    {{ const int64_t M = {M}, N = {N}, K = {K};\n"
+            f"      if (M * 2 < {MR} || K == 0) {{\n{small_call.replace('KFN', 'KFN_small')}\n      }} else {{\n"
+            f"      int64_t MT, NT; ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, &MT, &NT);\n"
+            f"      const int64_t n = ({B}) * ((M + MT - 1) / MT) * ((N + NT - 1) / NT);\n"
+            f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }} }}")
+    return small_fn.replace("KFN", "KFN_small") + "\n\n" + "\n".join(lines), call
+

@@ -1,0 +1,36 @@
+"""Give every kernel of a plan its schedule: the caller's choice where it makes one, else the heuristics'.
+
+Kernels carry their schedule (``ir.Kernel.schedule``); the renderer reads it. Only "gemm" kernels have
+schedules so far; the other loop forms render with the C renderer's fixed loop structure.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ...kernel import ir
+from ...kernel.fusion import KernelPlan
+from ...kernel.heuristics import Target, gemm_schedule
+from ...kernel.schedule import Schedule
+from .gemm import gemm_sizes
+from .target import host_target
+
+ScheduleChoice = Callable[[ir.Kernel], "Schedule | None"]
+
+
+def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: ScheduleChoice | None = None
+                     ) -> KernelPlan:
+    """Set ``schedule`` on every gemm kernel of ``plan`` (in place; returns the plan): ``choose(kernel)`` when
+    it gives one (validated: a schedule that cannot apply raises ScheduleError naming the kernel), else the
+    default for ``target`` (the host when None)."""
+    default = gemm_schedule(target or host_target())
+    for k in plan.kernels:
+        if k.kind != "gemm":
+            continue
+        chosen = choose(k) if choose is not None else None
+        if chosen is not None:
+            try:
+                gemm_sizes(chosen)
+            except ValueError as e:
+                raise type(e)(f"kernel {k.name}: {e}") from None
+        k.schedule = chosen or k.schedule or default
+    return plan

@@ -1,0 +1,44 @@
+"""Default schedules: good first choices per kernel form, from a description of the target, without search.
+
+A matmul-like kernel gets a BLIS-style schedule: a register block of ``MR x NR`` accumulators that fills
+most of the vector registers (two vectors of the target's width across ``n``), a k tile whose panel of
+``b`` stays in L1 while the register block walks it, and m x n tiles whose panels stay in L2; work items
+(one tile each) run in parallel. The search (``search/``) improves on these by measurement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schedule import Pack, Parallel, Register, Schedule, Tile, Unroll, Vectorize
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the heuristics need to know of a machine: SIMD width, registers, cache sizes (bytes)."""
+    vector_bytes: int = 32
+    vector_registers: int = 16
+    l1_bytes: int = 32 * 1024
+    l2_bytes: int = 512 * 1024
+
+    @property
+    def float_lanes(self) -> int:
+        return max(self.vector_bytes // 4, 1)
+
+
+def gemm_schedule(target: Target) -> Schedule:
+    """The default schedule of a float32 matmul-like kernel on ``target``."""
+    w = target.float_lanes
+    nr = 2 * w
+    # 2 accumulators a row plus the two b vectors and a broadcast must fit the register file
+    mr = max(1, min((target.vector_registers - 4) // 2, 12))
+    kc = _round_down(target.l1_bytes // 2 // (nr * 4), 16, lo=64, hi=512)
+    mc = max(mr, _round_down(target.l2_bytes // 4 // (kc * 4), mr, lo=mr, hi=16 * mr))
+    nc = max(nr, _round_down(target.l2_bytes // 2 // (kc * 4), nr, lo=nr, hi=8 * nr))
+    return Schedule((Parallel("m"), Parallel("n"), Tile("m", mc), Tile("n", nc), Tile("k", kc),
+                     Register("m", mr), Register("n", nr), Vectorize("n", w), Pack("a", "k"), Pack("b", "k"),
+                     Unroll("k", 4)))
+
+
+def _round_down(x: int, step: int, lo: int, hi: int) -> int:
+    x = max(lo, min(hi, x))
+    return max(step, x // step * step)

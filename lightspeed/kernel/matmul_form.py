@@ -1,0 +1,66 @@
+"""Matmul-like kernels: a sum over k of a product whose factors each miss one output axis.
+
+``out[..., m, ..., n] = sum_k a(..., m, k) * b(..., k, n)`` where ``a`` reads no ``n`` and ``b`` no ``m``
+(any views, casts or decode expressions around the loads). Such a kernel can be scheduled like a GEMM:
+tiles of ``a`` and ``b`` are packed into contiguous panels and a register block of outputs accumulates
+per step of ``k``. The factors stay IR expressions, so packing evaluates whatever they are (a transposed
+weight, an unfolded convolution input, a quantized block decode).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import dtypes as dt
+from .. import symbolic as sym
+from ..ops import Op
+from . import ir
+
+
+@dataclass(eq=False)
+class MatmulForm:
+    """The parts of a matmul-like kernel value: output axes ``m`` and ``n`` (positions in the kernel's
+    loop variables; ``n`` is the last), the reduction, and the factors ``a`` (free of n) and ``b`` (free
+    of m). Other output axes are batch axes (fixed within a work item)."""
+    m: int
+    n: int
+    reduce: ir.Reduce
+    a: ir.IR
+    b: ir.IR
+
+    @property
+    def batch(self) -> list[int]:
+        return [i for i in range(self.n + 1) if i not in (self.m, self.n)]
+
+
+def _nested(x: ir.IR) -> bool:
+    return any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.walk())
+
+
+def match_matmul(value: ir.IR, loop_vars: tuple[sym.Var, ...]) -> MatmulForm | None:
+    """The matmul form of a kernel computing ``value`` over ``loop_vars``, or None.
+
+    Only float32 sums whose factors hold no inner reduction or gather are taken (their packing loops
+    evaluate each factor once per element), with the contiguous last output axis as ``n``."""
+    if not isinstance(value, ir.Reduce) or value.op is not Op.SUM_REDUCE or value.dtype is not dt.float32:
+        return None
+    if len(loop_vars) < 2:
+        return None
+    body = value.body
+    if not isinstance(body, ir.Alu) or body.op is not Op.MUL or body.dtype is not dt.float32:
+        return None
+    x, y = body.args
+    if _nested(x) or _nested(y) or x.dtype is not dt.float32 or y.dtype is not dt.float32:
+        return None
+    n = len(loop_vars) - 1
+    nvar = loop_vars[n]
+    if sym.free_vars(value.size) & set(loop_vars):
+        return None  # a reduction length that depends on the output index (not a plain matmul)
+    xv, yv = ir.ir_vars(x), ir.ir_vars(y)
+    for a, b, av, bv in ((x, y, xv, yv), (y, x, yv, xv)):
+        if nvar in av or nvar not in bv:
+            continue
+        for m in range(n - 1, -1, -1):
+            mvar = loop_vars[m]
+            if mvar in av and mvar not in bv:
+                return MatmulForm(m, n, value, a, b)
+    return None

@@ -1,0 +1,164 @@
+"""Schedules as data, and matmul-like kernels generated under them ("gemm" kernels: packed panels and a
+register block in vector-extension registers), compared with numpy on odd shapes and random schedules."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from time_limit import time_limit
+
+import lightspeed as ls
+from lightspeed.backend.c.gemm import gemm_sizes
+from lightspeed.kernel.heuristics import Target, gemm_schedule
+from lightspeed.kernel.schedule import (Order, Pack, Parallel, Register, Schedule, ScheduleError, SplitReduce, Tile,
+                                        Unroll, Vectorize)
+
+RNG = np.random.default_rng(0)
+
+
+def _schedule(mr: int, nr: int, w: int, mc: int, nc: int, kc: int, u: int) -> Schedule:
+    return Schedule((Parallel("m"), Parallel("n"), Tile("m", mc), Tile("n", nc), Tile("k", kc), Register("m", mr),
+                     Register("n", nr), Vectorize("n", w), Pack("a", "k"), Pack("b", "k"), Unroll("k", u)))
+
+
+def _kinds(prog) -> list[str]:
+    return [k.kind for k in prog.executor.plan.kernels]
+
+
+def _check(got: np.ndarray, want: np.ndarray, k: int) -> None:
+    # float32 sums in another order: a few ulps of the largest partial sums
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(k, 1) ** 0.5 * (np.abs(want).max() + 1))
+
+
+# --- the schedule as data -------------------------------------------------------------------------------
+def test_schedule_round_trips_through_json_and_later_steps_override():
+    s = _schedule(6, 16, 8, 48, 64, 40, 2).with_steps(Tile("k", 80), Order(("n", "m")), SplitReduce("k", 2))
+    assert s.size(Tile, "k", 0) == 80 and s.size(Tile, "m", 0) == 48
+    back = Schedule.from_json(s.to_json())
+    assert back == s.canonical()
+    assert back.size(Tile, "k", 0) == 80 and back.find(Order).axes == ("n", "m")
+    assert back.parallel() == ("m", "n") and back.packs("a") and back.packs("b")
+    assert "Tile('k', 80)" in str(s)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Tile("x", 4)), "axis 'x'"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Unroll("k", 0)), "positive"),
+    (_schedule(6, 12, 8, 48, 48, 40, 1), "multiple of Vectorize"),
+    (_schedule(6, 16, 8, 50, 64, 40, 1), "multiples of the register"),
+    (_schedule(6, 24, 12, 48, 48, 40, 1), "power of two"),
+    (Schedule((Register("m", 4), Register("n", 8), Vectorize("n", 8))), "packed"),
+])
+def test_a_schedule_that_cannot_apply_is_refused_by_name(bad, words):
+    with pytest.raises(ScheduleError, match=words):
+        gemm_sizes(bad)
+
+
+def test_schedule_json_with_an_unknown_step_is_refused():
+    with pytest.raises(ScheduleError, match="unknown schedule step"):
+        Schedule.from_json('[["Swizzle", {"axis": "m"}]]')
+
+
+def test_heuristics_fill_the_register_file_of_the_target():
+    avx512 = gemm_sizes(gemm_schedule(Target(vector_bytes=64, vector_registers=32, l1_bytes=48 << 10)))
+    avx2 = gemm_sizes(gemm_schedule(Target(vector_bytes=32, vector_registers=16, l1_bytes=32 << 10)))
+    assert (avx512["MR"], avx512["NR"], avx512["W"]) == (12, 32, 16)
+    assert (avx2["MR"], avx2["NR"], avx2["W"]) == (6, 16, 8)
+    # the b panel a register block walks stays within half of L1
+    assert avx512["KC"] * avx512["NR"] * 4 <= 24 << 10 and avx2["KC"] * avx2["NR"] * 4 <= 16 << 10
+
+
+# --- generated gemm kernels -------------------------------------------------------------------------------
+def _matmul_prog(m, k, n, transposed: bool, **opts):
+    g = ls.Graph()
+    a = g.input("a", (m, k), ls.float32)
+    b = g.input("b", (n, k) if transposed else (k, n), ls.float32)
+    return g.compile([a @ (b.T if transposed else b)], backend="c", templates=False, **opts)
+
+
+def test_a_matmul_becomes_a_gemm_kernel_with_the_default_schedule():
+    prog = _matmul_prog(64, 48, 80, False)
+    assert _kinds(prog) == ["gemm"]
+    (kern,) = prog.executor.plan.kernels
+    assert kern.schedule is not None and kern.schedule.packs("b")
+    off = _matmul_prog(64, 48, 80, False, gemm=False)
+    assert "gemm" not in _kinds(off)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_symbolic_rows_run_at_every_length_including_the_few_rows_path(transposed):
+    seq = ls.dim("seq", 1, 300)
+    g = ls.Graph()
+    x = g.input("x", (seq, 72), ls.float32)
+    w = g.input("w", (40, 72) if transposed else (72, 40), ls.float32)
+    prog = g.compile([x @ (w.T if transposed else w)], backend="c", templates=False)
+    assert _kinds(prog) == ["gemm"]
+    wv = RNG.standard_normal((40, 72) if transposed else (72, 40), dtype=np.float32)
+    for rows in (1, 2, 5, 6, 13, 97, 300):  # below and above half a register block, odd tails
+        xv = RNG.standard_normal((rows, 72), dtype=np.float32)
+        (got,) = prog(x=xv, w=wv)
+        _check(got, xv.astype(np.float64) @ (wv.T if transposed else wv), 72)
+
+
+def test_batched_operands_through_views_and_a_decoded_weight():
+    g = ls.Graph()
+    a = g.input("a", (3, 20, 33), ls.float32)            # used as [3, 33, 20]^T -> rows of 20 along k
+    q = g.input("q", (3, 33, 50), ls.int8)               # int8 weights ...
+    s = g.input("s", (3, 1, 50), ls.float32)             # ... with a scale per column
+    bias = g.input("bias", (50,), ls.float32)
+    w = q.cast(ls.float32) * s
+    y = a.permute(0, 2, 1).permute(0, 2, 1) @ w          # a view round trip: same values, other index algebra
+    prog = g.compile([y + bias], backend="c", templates=False)
+    assert "gemm" in _kinds(prog)
+    av = RNG.standard_normal((3, 20, 33), dtype=np.float32)
+    qv = RNG.integers(-128, 128, (3, 33, 50), dtype=np.int8)
+    sv = RNG.random((3, 1, 50), dtype=np.float32)
+    bv = RNG.standard_normal(50, dtype=np.float32)
+    (got,) = prog(a=av, q=qv, s=sv, bias=bv)
+    want = av.astype(np.float64) @ (qv.astype(np.float64) * sv) + bv
+    _check(got, want, 33)
+
+
+def test_a_broadcast_right_operand_and_a_padded_left_operand():
+    g = ls.Graph()
+    a = g.input("a", (2, 30, 17), ls.float32)
+    b = g.input("b", (19, 41), ls.float32)
+    y = a.pad(((0, 0), (0, 0), (1, 1))) @ b            # k padded with zeros: a Select in the a factor
+    prog = g.compile([y], backend="c", templates=False)
+    assert _kinds(prog) == ["gemm"]
+    av = RNG.standard_normal((2, 30, 17), dtype=np.float32)
+    bv = RNG.standard_normal((19, 41), dtype=np.float32)
+    (got,) = prog(a=av, b=bv)
+    _check(got, np.pad(av, ((0, 0), (0, 0), (1, 1))).astype(np.float64) @ bv, 19)
+
+
+def test_a_chosen_schedule_that_cannot_apply_names_the_kernel():
+    bad = _schedule(6, 16, 8, 50, 64, 40, 1)
+    with pytest.raises(ScheduleError, match="kernel k.*multiples"):
+        _matmul_prog(32, 32, 32, False, schedules=lambda kern: bad)
+
+
+@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=st.integers(1, 70), k=st.integers(1, 90), n=st.integers(1, 70), transposed=st.booleans(),
+       mr=st.sampled_from([1, 2, 3, 4, 6, 8, 12]), w=st.sampled_from([4, 8, 16]), nv=st.integers(1, 3),
+       mt=st.integers(1, 4), nt=st.integers(1, 3), kc=st.sampled_from([1, 7, 16, 40, 256]),
+       u=st.sampled_from([1, 2, 4]))
+def test_random_schedules_on_random_shapes_match_numpy(m, k, n, transposed, mr, w, nv, mt, nt, kc, u):
+    nr = w * nv
+    if mr * nv > 64:
+        mr = 4
+    sched = _schedule(mr, nr, w, mr * mt, nr * nt, kc, u)
+    rows = ls.dim("rows", 1, 80)
+    g = ls.Graph()
+    a = g.input("a", (rows, k), ls.float32)
+    b = g.input("b", (n, k) if transposed else (k, n), ls.float32)
+    with time_limit(60, "compile"):
+        prog = g.compile([a @ (b.T if transposed else b)], backend="c", templates=False, gemm=True,
+                         schedules=lambda kern: sched)
+    av = RNG.standard_normal((m, k), dtype=np.float32)
+    bv = RNG.standard_normal((n, k) if transposed else (k, n), dtype=np.float32)
+    (got,) = prog(a=av, b=bv)
+    if "gemm" in _kinds(prog):
+        assert prog.executor.plan.kernels[0].schedule == sched
+    _check(got, av.astype(np.float64) @ (bv.T if transposed else bv).astype(np.float64), k)
