@@ -3,19 +3,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from .cli_generate import read_stdin_text
 
 
 def _embed(args: argparse.Namespace) -> int:
     from .embed import load_embedder
-    from .io import ModelFormatError
-    texts = [line.rstrip("\n") for line in sys.stdin] if args.texts == ["-"] else args.texts
-    try:
-        emb = load_embedder(args.model, max_batch=args.max_batch, backend=args.backend)
-        vectors = emb.embed(texts)
-    except (FileNotFoundError, ModelFormatError, ValueError) as e:
-        print(f"lightspeed: error: {e}", file=sys.stderr)
-        return 1
+    texts = read_stdin_text().splitlines() if args.texts == ["-"] else args.texts
+    # errors are reported by lightspeed.cli.run_handler
+    emb = load_embedder(args.model, max_batch=args.max_batch, backend=args.backend)
+    vectors = emb.embed(texts)
     print(json.dumps({"model": emb.path, "dim": emb.dim, "pooling": emb.pooling, "normalized": emb.normalize,
                       "texts": texts, "embeddings": [[float(v) for v in row] for row in vectors]},
                      ensure_ascii=False))

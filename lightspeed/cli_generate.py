@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
 
@@ -65,6 +67,49 @@ def _sampling_options(args: argparse.Namespace) -> dict:
                 min_p=args.min_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop)
 
 
+def read_stdin_text() -> str:
+    """All of standard input as text; invalid UTF-8 is a ValueError that says where."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # already text (a StringIO in tests, an embedding application)
+        return sys.stdin.read()
+    data = raw.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"standard input is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                         "pass UTF-8 text") from None
+
+
+def _gigabytes(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
+
+
+def check_context(option: str, ctx: int, model_path: str | None, kv_cache: str = "f32") -> None:
+    """Refuse a context bound before anything is compiled or allocated: below 1, or with a KV cache larger
+    than this machine's memory (which would end in a MemoryError much later). A bound beyond the model's
+    trained context is allowed with a note. ``option`` names the flag in the messages."""
+    if ctx < 1:
+        raise ValueError(f"{option} must be >= 1, got {ctx}")
+    import numpy as np
+    from .api import default_model_path
+    from .models import load_model
+    lm = load_model(default_model_path() if model_path is None else model_path, tokenizer=False)  # mapped, cheap
+    itemsize = np.dtype(KV_CACHE_TYPES[kv_cache]).itemsize
+    cache_bytes = sum(math.prod(s.shape) for s in lm.cache_specs(ctx)) * itemsize
+    trained = lm.config.context_length
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not every system says
+        memory = None
+    if memory is not None and cache_bytes > memory:
+        raise ValueError(f"{option} {ctx} needs {_gigabytes(cache_bytes)} for the KV cache, more than this "
+                         f"machine's {_gigabytes(memory)} of memory (the model was trained for {trained} tokens); "
+                         f"use a smaller {option}")
+    if ctx > trained:
+        print(f"lightspeed: note: {option} {ctx} exceeds the model's trained context of {trained} tokens; "
+              "text past it may degrade", file=sys.stderr)
+
+
 def _load(args: argparse.Namespace):
     from .api import load
     if args.threads is not None:
@@ -72,31 +117,23 @@ def _load(args: argparse.Namespace):
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         from .backend.c import set_num_threads
         set_num_threads(args.threads)
+    if args.ctx is not None:
+        check_context("--ctx", args.ctx, args.model, args.kv_cache)
     options = {**activation_options(args.activations), **kv_cache_options(args.kv_cache)}
     return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant, **options)
 
 
-def _fail(e: Exception) -> int:
-    print(f"lightspeed: error: {e}", file=sys.stderr)
-    return 1
-
-
 def _generate(args: argparse.Namespace) -> int:
-    from .generate import ContextFullError
-    from .io import ModelFormatError
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    try:
-        model = _load(args)
-        gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
-        if args.json:
-            gen.run()
-        else:
-            for piece in gen:
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-    except (FileNotFoundError, ModelFormatError, ContextFullError, ValueError) as e:
-        return _fail(e)
+    prompt = read_stdin_text() if args.prompt == "-" else args.prompt
+    model = _load(args)  # errors are reported by lightspeed.cli.run_handler
+    gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
+    if args.json:
+        gen.run()
+    else:
+        for piece in gen:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
     if args.json:
         s = gen.stats
         print(json.dumps({
@@ -122,11 +159,7 @@ def add_generate(sub) -> None:
 
 def _chat(args: argparse.Namespace) -> int:
     from .generate import ContextFullError
-    from .io import ModelFormatError
-    try:
-        model = _load(args)
-    except (FileNotFoundError, ModelFormatError, ValueError) as e:
-        return _fail(e)
+    model = _load(args)
     session = model.chat_session(system=args.system)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -137,6 +170,9 @@ def _chat(args: argparse.Namespace) -> int:
             line = input("> " if interactive else "")
         except (EOFError, KeyboardInterrupt):
             break
+        except UnicodeDecodeError as e:  # one bad line is skipped, the conversation goes on
+            print(f"lightspeed: error: the line is not valid UTF-8 ({e.reason}); it was skipped", file=sys.stderr)
+            continue
         text = line.strip()
         if not text:
             continue

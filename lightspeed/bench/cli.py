@@ -10,7 +10,6 @@ from ..requant import TARGETS
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from ..io import ModelFormatError
     from . import BenchOptions, format_text, plot, run_bench
     opts = BenchOptions(model=args.model, threads=args.threads, prompt_tokens=args.prompt_tokens,
                         decode_tokens=args.decode_tokens, runs=args.runs, quant=args.quant, peers=args.peers,
@@ -23,12 +22,9 @@ def _bench(args: argparse.Namespace) -> int:
             print("lightspeed: error: --plot needs matplotlib, which is not installed: pip install matplotlib",
                   file=sys.stderr)
             return 1
-    try:
-        report = run_bench(opts, log=(lambda m: None) if args.quiet else
-                           (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)))
-    except (FileNotFoundError, ModelFormatError, ValueError, MemoryError) as e:
-        print(f"lightspeed: error: {e}", file=sys.stderr)
-        return 1
+    # errors (a missing model, bad sizes, out of memory) are reported by lightspeed.cli.run_handler
+    report = run_bench(opts, log=(lambda m: None) if args.quiet else
+                       (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)))
     if args.plot:
         plot(report, args.plot)
         report["plot"] = args.plot

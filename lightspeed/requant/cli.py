@@ -3,26 +3,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .plan import TARGETS
 
 
+def _check_paths(src: str, dst: str) -> None:
+    """Refuse an OUT that cannot be written as a file before anything is read."""
+    if os.path.isdir(src):
+        raise ValueError(f"IN {src!r} is a directory; give the GGUF file to read")
+    if os.path.isdir(dst):
+        raise ValueError(f"OUT {dst!r} is a directory; give the file to write, e.g. "
+                         f"{os.path.join(dst, os.path.basename(src) or 'model.gguf')!r}")
+    parent = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(parent):
+        raise ValueError(f"OUT {dst!r}: the directory {parent!r} does not exist")
+
+
 def _quantize(args: argparse.Namespace) -> int:
-    from ..io import ModelFormatError
     from .gguf_file import quantize_gguf
 
     def progress(name: str, i: int, n: int) -> None:
         if not args.quiet:
             print(f"\r[{i + 1}/{n}] {name:<40}", end="", file=sys.stderr, flush=True)
 
-    try:
+    _check_paths(args.input, args.output)
+    try:  # errors are reported by lightspeed.cli.run_handler
         report = quantize_gguf(args.input, args.output, args.type, progress=progress)
-    except (FileNotFoundError, ModelFormatError, ValueError, NotImplementedError, ImportError) as e:
-        print(f"\nlightspeed: error: {e}" if not args.quiet else f"lightspeed: error: {e}", file=sys.stderr)
-        return 1
-    if not args.quiet:
-        print(file=sys.stderr)
+    finally:
+        if not args.quiet:
+            print(file=sys.stderr)  # ends the progress line
     summary = {"input": args.input, "output": args.output, "type": report.target, "converted": len(report.converted),
                "kept": len(report.kept), "bytes_in": report.bytes_in, "bytes_out": report.bytes_out,
                "dropped_keys": report.dropped_keys, "seconds": round(report.seconds, 3)}

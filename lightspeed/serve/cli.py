@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_generate import add_activations_argument, add_kv_cache_argument
+from ..cli_generate import add_activations_argument, add_kv_cache_argument, check_context
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -12,22 +12,19 @@ def _serve(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        print(f"lightspeed serve: error: {e.name} is not installed; install the serve extra: "
+        print(f"lightspeed: error: {e.name} is not installed; install the serve extra: "
               "pip install 'lightspeed[serve]'", file=sys.stderr)
         return 1
-    from ..io import ModelFormatError
     from .server import ServeOptions, serve
+    if args.context is not None:  # before loading: a huge bound would fail late, as a MemoryError
+        check_context("--context", args.context, args.model, args.kv_cache)
     opts = ServeOptions(model=args.model, host=args.host, port=args.port, quant=args.quant, max_batch=args.max_batch,
                         context=args.context, api_key=args.api_key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
                         shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend,
                         threads=args.threads, activations=args.activations,
                         kv_cache=args.kv_cache)
-    try:
-        return serve(opts)
-    except (FileNotFoundError, ModelFormatError, ValueError, OSError) as e:
-        print(f"lightspeed serve: error: {e}", file=sys.stderr)
-        return 1
+    return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
 
 
 def _positive(text: str) -> int:
