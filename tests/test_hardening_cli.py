@@ -94,6 +94,14 @@ def test_keyboard_interrupt_exits_130_without_a_traceback(boom, capsys) -> None:
     assert "Traceback" not in err and "interrupted" in err
 
 
+def test_a_closed_stdout_ends_quietly(boom, capsys, monkeypatch) -> None:
+    boom(BrokenPipeError(32, "Broken pipe"))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test: the handler replaces it
+    assert cli.main(["boom"]) == 1
+    assert sys.stdout.name == os.devnull
+    assert capsys.readouterr().err == ""
+
+
 def _env() -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop(cli.DEBUG_ENV, None)
