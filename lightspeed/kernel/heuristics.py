@@ -28,12 +28,16 @@ class Target:
 def gemm_schedule(target: Target) -> Schedule:
     """The default schedule of a float32 matmul-like kernel on ``target``."""
     w = target.float_lanes
-    nr = 2 * w
-    # 2 accumulators a row plus the two b vectors and a broadcast must fit the register file
-    mr = max(1, min((target.vector_registers - 4) // 2, 12))
-    kc = _round_down(target.l1_bytes // 2 // (nr * 4), 16, lo=64, hi=512)
-    mc = max(mr, _round_down(target.l2_bytes // 4 // (kc * 4), mr, lo=mr, hi=16 * mr))
-    nc = max(nr, _round_down(target.l2_bytes // 2 // (kc * 4), nr, lo=nr, hi=8 * nr))
+    # vectors of b per row: 4 with 32 registers (6 x 64 on AVX-512 measured 1.13x faster than 12 x 32: fewer
+    # broadcasts per FMA), else 2 (6 x 16 on AVX2); the rows' accumulators, the b vectors and a broadcast
+    # must fit the register file
+    nv = 4 if target.vector_registers >= 32 else 2
+    nr = nv * w
+    mr = max(1, min((target.vector_registers - nv - 1) // nv, 12))
+    kc = _round_down(target.l1_bytes // (nr * 4), 16, lo=64, hi=512)  # a panel of b about fills L1
+    # large tiles: every work item packs its own panels, so the packing per flop falls with the tile size
+    mc = max(mr, _round_down(target.l2_bytes // 4 // (kc * 4), mr, lo=mr, hi=64 * mr))
+    nc = max(nr, _round_down(target.l2_bytes // 4 // (kc * 4), nr, lo=nr, hi=8 * nr))
     return Schedule((Parallel("m"), Parallel("n"), Tile("m", mc), Tile("n", nc), Tile("k", kc),
                      Register("m", mr), Register("n", nr), Vectorize("n", w), Pack("a", "k"), Pack("b", "k"),
                      Unroll("k", 4)))

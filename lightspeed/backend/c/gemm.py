@@ -111,12 +111,14 @@ def _pack_lines(dst: str, x: ir.IR, r, ov: str, kv: str, o0: str, on: str, R: in
     return head + body + ["            }"]
 
 
-TILES_HELPER = """/* runtime tile sizes: the schedule's tiles, halved (in whole register blocks) while a call has fewer
- * than 16 work items, so small matrices still spread over the threads (the same in the launcher and in
- * the kernel, so it cannot ask the thread pool, whose lock a running kernel's launcher holds) */
+TILES_HELPER = """extern int ls_get_num_threads(void);
+/* a gemm kernel's launch: the step's buffers and the tile sizes its launcher chose for this call */
+typedef struct { ls_launch l; int64_t mt, nt; } ls_gemm_launch;
+/* runtime tile sizes: the schedule's tiles, halved (in whole register blocks) while a call has fewer
+ * than three work items per thread, so small matrices still spread over the threads */
 static inline void ls_gemm_tiles(int64_t B, int64_t M, int64_t N, int64_t MC, int64_t NC, int64_t MR, int64_t NR,
                                  int64_t *mt, int64_t *nt) {
-    const int64_t want = 16;
+    const int64_t want = 3 * (int64_t)ls_get_num_threads();
     int64_t mc = ls_min(MC, (M + MR - 1) / MR * MR), nc = ls_min(NC, (N + NR - 1) / NR * NR);
     while (B * ((M + mc - 1) / mc) * ((N + nc - 1) / nc) < want) {
         if (mc >= 4 * MR && mc >= nc / 4) mc = (mc / 2 + MR - 1) / MR * MR;
@@ -171,10 +173,10 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
     base = dense.substitute({mvar: 0, nvar: 0})
     B = r.idx(sym.prod([shape[i] for i in batch])) if batch else "1"
     lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
-             "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
+             "    const ls_gemm_launch *g = (const ls_gemm_launch *)vctx;",
+             "    const ls_launch *l = &g->l;", "    const ls_args *a = l->a;", "    (void)a;"]
     lines += [f"    {d}" for d in r.decls(k)]
-    lines += [f"    const int64_t M = {M}, N = {N}, K = {K}, ldc = {ldc};",
-              f"    int64_t MT, NT; ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, &MT, &NT);",
+    lines += [f"    const int64_t M = {M}, N = {N}, K = {K}, ldc = {ldc}, MT = g->mt, NT = g->nt;",
               "    const int64_t nmb = (M + MT - 1) / MT, nnb = (N + NT - 1) / NT;",
               "    float *restrict ap = ls_pack_buf;",
               f"    float *restrict bp = ls_pack_buf + {MC * KC};",
@@ -205,8 +207,9 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
     work = f"M * N * K"
     call = (f"    {{ const int64_t M = {M}, N = {N}, K = {K};\n"
             f"      if (M * 2 < {MR} || K == 0) {{\n{small_call.replace('KFN', 'KFN_small')}\n      }} else {{\n"
-            f"      int64_t MT, NT; ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, &MT, &NT);\n"
-            f"      const int64_t n = ({B}) * ((M + MT - 1) / MT) * ((N + NT - 1) / NT);\n"
-            f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }} }}")
+            f"      ls_gemm_launch g = {{*lp, 0, 0}};\n"
+            f"      ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, &g.mt, &g.nt);\n"
+            f"      const int64_t n = ({B}) * ((M + g.mt - 1) / g.mt) * ((N + g.nt - 1) / g.nt);\n"
+            f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &g, n); else KFN(&g, 0, n); }} }}")
     return small_fn.replace("KFN", "KFN_small") + "\n\n" + "\n".join(lines), call
 
