@@ -3,8 +3,9 @@
 
 Handlers run on the event loop and never call native code: a generation is a ``Sequence``
 submitted to the engine thread, whose events (text pieces, the finish) come back through an
-asyncio queue. Bodies are read with a size cap and validated strictly (``protocol``); every
-error is OpenAI's error JSON. Every client is watched for ``http.disconnect`` while its request
+asyncio queue. Bodies are read with a size cap and a deadline and validated strictly
+(``protocol``); every error is OpenAI's error JSON. Tokenizing, and rendering the chat template
+(the model file's code, bounded by ``template_limits``), run on worker threads. Every client is watched for ``http.disconnect`` while its request
 runs (streaming or not): when it goes away its sequence is cancelled, and the engine frees the
 slot before its next step.
 """
@@ -18,6 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generate import SamplingParams
 from ..io.errors import ChatTemplateLimitError
+from ..io.template_limits import TemplateLimits
 from .engine import Engine, EngineStoppedError, QueueFullError
 from .protocol import (
     APIError,
@@ -54,6 +57,8 @@ class ServerState:
     embed_id: str | None = None
     api_key: str | None = None
     max_body_bytes: int = 1 << 20
+    body_timeout_s: float = 30.0         # from the request head to the body's last byte (then 408)
+    template_limits: TemplateLimits = field(default_factory=TemplateLimits)
     retry_after_s: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -77,22 +82,32 @@ def _check_auth(state: ServerState, request: Request) -> None:
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing (413) anything over ``limit`` bytes before reading it all."""
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The body, refusing (413) anything over ``limit`` bytes before reading it all, and (408, closing the
+    connection) a body that has not fully arrived ``timeout`` seconds after the request head."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
-            raise APIError(400, f"invalid Content-Length header {declared!r}")
+        if not (declared.isascii() and declared.isdigit()) or len(declared) > 18:
+            raise APIError(400, f"invalid Content-Length header {declared[:40]!r}")
         if int(declared) > limit:
             raise APIError(413, f"the request body ({declared} bytes) exceeds the limit of {limit} bytes",
                            code="request_too_large")
-    parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
-        parts.append(chunk)
-    return b"".join(parts)
+
+    async def read() -> bytes:
+        parts, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"the request body exceeds the limit of {limit} bytes",
+                               code="request_too_large")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="request_timeout",
+                       headers={"Connection": "close"}) from None
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -221,7 +236,7 @@ def _check_model(state: ServerState, name: str, want: str) -> None:
 
 async def _body(state: ServerState, request: Request, model: type) -> Any:
     _check_auth(state, request)
-    return validate(model, parse_json_body(await _read_body(request, state.max_body_bytes)))
+    return validate(model, parse_json_body(await _read_body(request, state.max_body_bytes, state.body_timeout_s)))
 
 
 def _streaming(gen: AsyncIterator[str], stream: _Stream, request: Request) -> StreamingResponse:
@@ -330,7 +345,8 @@ def create_app(state: ServerState) -> FastAPI:
         # rendering runs on a worker thread (the template is the model file's code, bounded by its limits) and
         # tokenizes the messages' text as text: "<|im_end|>" in a message is never a control token
         try:
-            ids = await run_in_threadpool(state.model.tokenizer.encode_chat, req.chat_messages(), True)
+            ids = await run_in_threadpool(partial(state.model.tokenizer.encode_chat, req.chat_messages(), True,
+                                                  limits=state.template_limits))
         except ChatTemplateLimitError as e:
             raise APIError(500, f"the model's chat template was stopped: {e}", type="server_error",
                            code="chat_template_limit") from None

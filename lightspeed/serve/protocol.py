@@ -9,6 +9,7 @@ silently ignored. A few common extensions are accepted: ``top_k``, ``min_p``,
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_STOP_STRINGS = 4      # as OpenAI
 MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024
+_TOKEN_ID = re.compile(r"[0-9]{1,9}")
 
 
 class APIError(Exception):
@@ -139,8 +141,9 @@ class SamplingFields(_Strict):
         if len(v) > MAX_LOGIT_BIAS:
             raise ValueError(f"at most {MAX_LOGIT_BIAS} logit_bias entries")
         for k, b in v.items():
-            if not k.isdigit():
-                raise ValueError(f"logit_bias keys must be token ids, got {k!r}")
+            # plain ASCII decimal only: str.isdigit() also accepts "²" or "١", which int() refuses or reads
+            if not _TOKEN_ID.fullmatch(k):
+                raise ValueError(f"logit_bias keys must be token ids (decimal integers), got {k[:40]!r}")
             if not -100.0 <= b <= 100.0:
                 raise ValueError(f"logit_bias values must lie in [-100, 100], got {b}")
         return v

@@ -3,9 +3,16 @@
 Shutdown is graceful: on the first SIGTERM (or Ctrl-C) the listening socket closes (new
 connections are refused), requests that reach the engine afterwards get 503, and in-flight
 requests run to the end for up to ``shutdown_timeout`` seconds; then the engine stops.
+
+Connections are bounded (``ServeOptions``): a request head must arrive within ``header_timeout``
+seconds of connecting (or of its first byte after a response), its body within ``body_timeout`` of
+the head (else 408), an idle keep-alive connection closes after ``keep_alive_timeout``, heads are
+capped at ``max_header_bytes`` and beyond ``max_connections`` open connections requests get 503. A
+client that half-closes after sending its request still gets the response (``bounded_protocol``).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -13,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ..io.template_limits import TemplateLimits
 from .engine import Engine, SequentialStepper
 
 
@@ -35,6 +43,14 @@ class ServeOptions:
     threads: int | None = None           # threads of the C backend's pool (None: one per core)
     activations: str = "float"           # quantized matmuls' activations: float, int16 or int8 (faster, not bit-exact)
     kv_cache: str = "f32"                # the KV caches' element type: f32 or f16 (half the memory)
+    # connection limits: a client that sends nothing, trickles its headers or body, or idles between
+    # requests is disconnected; beyond max_connections open connections new requests get 503
+    header_timeout: float = 10.0         # seconds from connecting (or the first byte after a response) to a full head
+    body_timeout: float = 30.0           # seconds from the request head to its last body byte (then 408)
+    keep_alive_timeout: int = 5          # seconds an idle keep-alive connection stays open
+    max_connections: int = 256
+    max_header_bytes: int = 16 * 1024    # a longer request head is refused (400) as it arrives
+    template_seconds: float = 5.0        # wall-clock bound of one chat-template render
 
 
 def model_name(path: str) -> str:
@@ -87,7 +103,83 @@ def build_state(opts: ServeOptions):
     engine.start()
     return ServerState(model=model, model_id=opts.name or model_name(model.path), engine=engine,
                        embedder=embedder, embed_id=embed_id, api_key=opts.api_key,
-                       max_body_bytes=opts.max_body_bytes)
+                       max_body_bytes=opts.max_body_bytes, body_timeout_s=opts.body_timeout,
+                       template_limits=TemplateLimits(max_seconds=opts.template_seconds))
+
+
+def check_limits(opts: ServeOptions) -> None:
+    """ValueError naming the first connection limit that is not positive."""
+    for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "max_connections", "max_header_bytes",
+                 "template_seconds"):
+        value = getattr(opts, name)
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def bounded_protocol(header_timeout: float) -> type:
+    """uvicorn's h11 protocol with a deadline on every request head and half-close support.
+
+    uvicorn bounds the idle time between requests (``timeout_keep_alive``) but not the time a client
+    takes to send a request head: a connection that sends nothing, or a byte every few seconds, would
+    stay open for ever. Here a timer starts when the connection opens, and again at the first byte after
+    a response, and closes the connection unless a complete head has arrived by then.
+
+    uvicorn also closes the connection when the client shuts down its sending side (EOF), so a client
+    that half-closes after its request never gets the answer. Here, once a request has fully arrived,
+    EOF keeps the connection open until the response is written, then closes it. The cost: a client that
+    closes completely while a non-streaming request runs is noticed only when its response is written
+    (a stream is cancelled at its next write); both look the same (a FIN) until the server writes.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+        _peer_done = False
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def connection_lost(self, exc) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            super().data_received(data)
+            if self.cycle is not cycle:  # a request head was parsed
+                self._cancel_head_timer()
+            elif self._head_timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._arm_head_timer()  # bytes of a next request: its head has header_timeout to arrive
+
+        def eof_received(self) -> bool | None:
+            if self.cycle is not None and not self.cycle.more_body and not self.cycle.response_complete:
+                self._peer_done = True  # the request is complete: answer it, then close
+                return True
+            return None  # closes the connection (uvicorn's behaviour)
+
+        def on_response_complete(self) -> None:
+            if self._peer_done:
+                self.server_state.total_requests += 1
+                self.transport.close()
+                return
+            super().on_response_complete()
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(header_timeout, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self.transport.close()
+
+    return BoundedH11Protocol
 
 
 def serve(opts: ServeOptions) -> int:
@@ -96,6 +188,7 @@ def serve(opts: ServeOptions) -> int:
 
     from .app import create_app
 
+    check_limits(opts)
     state = build_state(opts)
     engine = state.engine
 
@@ -122,7 +215,10 @@ def serve(opts: ServeOptions) -> int:
     sock.set_inheritable(True)
     host, port = sock.getsockname()[:2]
     config = uvicorn.Config(create_app(state), log_level=opts.log_level, access_log=False,
-                            timeout_graceful_shutdown=max(int(opts.shutdown_timeout), 1), lifespan="off")
+                            timeout_graceful_shutdown=max(int(opts.shutdown_timeout), 1), lifespan="off",
+                            http=bounded_protocol(opts.header_timeout), timeout_keep_alive=opts.keep_alive_timeout,
+                            limit_concurrency=opts.max_connections,
+                            h11_max_incomplete_event_size=opts.max_header_bytes)
     server = DrainingServer(config)
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     auth = " (API key required)" if opts.api_key else ""
