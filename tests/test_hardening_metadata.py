@@ -132,7 +132,8 @@ def test_absurd_gguf_metadata_is_refused_naming_file_and_key(tmp_path, arch, cas
 
 
 def test_missing_required_key_is_named(tmp_path) -> None:
-    _refused(write_model(tmp_path / "m.gguf", meta={"block_count": DELETE}), "missing metadata key 'llama.block_count'")
+    path = write_model(tmp_path / "m.gguf", meta={"block_count": DELETE})
+    _refused(path, "missing metadata key 'llama.block_count'")
 
 
 @pytest.mark.parametrize("name, shape, words", [

@@ -53,6 +53,12 @@ HOSTILE = {
                      "{% set x = m() %}", "output exceeds"),
     "literal text in a loop": ("{% for i in range(100000) %}" + "z" * 1000 + "{% endfor %}", "output exceeds"),
     "lipsum": ("{{ lipsum(1000000000) }}", "lorem_ipsum"),
+    "tojson indent": ("{{ messages|tojson(indent=3000000) }}", "indent is 3000000"),
+    "wordwrap separator": ("{{ ('x' * 1000000)|wordwrap(1, true, 'y' * 1000000) }}", "'wordwrap' filter"),
+    "bytes replace": ("{{ ('a' * 1000000).encode().replace('a'.encode(), ('b' * 1000).encode()) }}",
+                      "bytes.replace"),
+    "str.translate": ("{{ ('a' * 1000000).translate({97: 'x' * 1000}) }}", "str.translate"),
+    "expandtabs": ("{% set s = '\t' * 1000000 %}{{ s.expandtabs(1000) }}", "expandtabs"),
 }
 
 

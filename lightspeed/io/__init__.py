@@ -25,19 +25,22 @@ Tokenizers (``tokenizer.py``)::
 
     tok = Tokenizer.from_gguf(path_or_gguf_file)   # or Tokenizer.from_folder(folder)
     tok.encode(text, add_special_tokens=True), tok.decode(ids), tok.stream().push(id)
-    tok.apply_chat_template(messages, add_generation_prompt=True)
+    tok.apply_chat_template(messages, add_generation_prompt=True)   # bounded: render_chat(..., limits=TemplateLimits())
+    tok.encode_chat(messages, add_generation_prompt=True)           # ids; special tokens in messages stay text
     tok.bos_id, tok.eos_id, tok.stop_ids
 
 Every loader raises ``ModelFormatError`` (a ValueError carrying ``.path`` and
-``.problem``) for a malformed, truncated or inconsistent file.
+``.problem``) for a malformed, truncated or inconsistent file, or one that is not a
+regular file; ``plausibility`` checks model metadata before anything is built from it.
 """
-from .chat_template import ChatTemplateError, render_chat
-from .errors import ModelFormatError
+from .chat_template import render_chat
+from .errors import ChatTemplateError, ChatTemplateLimitError, ModelFormatError
 from .gguf import GGUFFile, GGUFTensor, GGUFTokenizerInfo, load_gguf
 from .model_folder import ModelFolder, load_model_folder
 from .safetensors import SafeTensor, SafetensorsFile, load_safetensors
+from .template_limits import TemplateLimits
 from .tokenizer import StreamDecoder, Tokenizer
 
 __all__ = ["ModelFormatError", "load_gguf", "GGUFFile", "GGUFTensor", "GGUFTokenizerInfo", "load_safetensors",
            "SafetensorsFile", "SafeTensor", "load_model_folder", "ModelFolder", "Tokenizer", "StreamDecoder",
-           "render_chat", "ChatTemplateError"]
+           "render_chat", "ChatTemplateError", "ChatTemplateLimitError", "TemplateLimits"]

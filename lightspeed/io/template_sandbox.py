@@ -34,6 +34,7 @@ _GUARD_FILTER = "lightspeed guard"
 _CONCAT_FILTER = "lightspeed concat"
 _REFUSED = {nodes.Include: "include", nodes.Import: "import", nodes.FromImport: "from ... import",
             nodes.Extends: "extends"}
+MAX_JSON_INDENT = 64  # tojson(indent=n) repeats n spaces per line: a huge n makes a huge text from a small value
 # filters whose result size depends on more than their arguments' sizes
 _AMPLIFYING = {"join", "tojson", "string", "pprint", "sum", "list"}
 
@@ -51,16 +52,24 @@ def _check_int_args(budget: RenderBudget, args: tuple, kwargs: dict, what: str) 
             budget.size(abs(a), what)
 
 
-def _str_method_precheck(budget: RenderBudget, owner: str, name: str, args: tuple) -> None:
-    """Bounds for the ``str`` methods whose result can be much longer than their arguments."""
+_TEXT = (str, bytes, bytearray)
+_SEQUENCES = (str, bytes, bytearray, list, tuple)
+
+
+def _str_method_precheck(budget: RenderBudget, owner: "str | bytes", name: str, args: tuple) -> None:
+    """Bounds for the ``str``/``bytes`` methods whose result can be much longer than their arguments."""
     if name == "join" and args:
         budget.size(estimate_size(args[0], budget.limits.max_chars) + len(owner) * _length(args[0]),
-                    "str.join")
-    elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):
+                    f"{type(owner).__name__}.join")
+    elif name == "replace" and len(args) >= 2 and isinstance(args[0], _TEXT) and isinstance(args[1], _TEXT):
         hits = owner.count(args[0]) if args[0] else len(owner) + 1
-        budget.size(len(owner) + hits * len(args[1]), "str.replace")
+        budget.size(len(owner) + hits * len(args[1]), f"{type(owner).__name__}.replace")
     elif name == "expandtabs" and args and isinstance(args[0], int):
-        budget.size(len(owner) + owner.count("\t") * max(args[0], 0), "str.expandtabs")
+        budget.size(len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * max(args[0], 0),
+                    f"{type(owner).__name__}.expandtabs")
+    elif name == "translate" and args and isinstance(args[0], dict):
+        longest = max((len(v) for v in args[0].values() if isinstance(v, _TEXT)), default=1)
+        budget.size(len(owner) * longest, "str.translate")
 
 
 def _length(x: Any) -> int:
@@ -71,13 +80,40 @@ def _length(x: Any) -> int:
 
 
 def _result_check(budget: RenderBudget, value: Any, what: str) -> Any:
-    if isinstance(value, (str, list, tuple, dict)):
+    if isinstance(value, (*_SEQUENCES, dict)):
         budget.size(len(value), what)
     return value
 
 
+def _filter_precheck(budget: RenderBudget, name: str, value: Any, args: tuple, kwargs: dict, what: str) -> None:
+    """Bounds on a filter's result from its input and arguments, checked before it runs."""
+    _check_int_args(budget, args, kwargs, what)
+    if name in _AMPLIFYING:
+        sep = args[0] if name == "join" and args and isinstance(args[0], str) else ""
+        budget.size(estimate_size(value, budget.limits.max_chars) + len(sep) * _length(value), what)
+    if name == "tojson":
+        indents = [a for a in (*args, kwargs.get("indent")) if isinstance(a, int) and not isinstance(a, bool)]
+        if any(i > MAX_JSON_INDENT for i in indents):
+            raise budget.fail(f"{what}'s indent is {max(indents)} (at most {MAX_JSON_INDENT})")
+    if not isinstance(value, str):
+        return
+    if name == "replace":
+        _str_method_precheck(budget, value, "replace", tuple(str(a) for a in args[:2]))
+    elif name == "indent":
+        width = args[0] if args else kwargs.get("width", 4)
+        pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 4
+        budget.size(len(value) + (value.count("\n") + 1) * max(pad, 0), what)
+    elif name == "format":
+        check_format_spec(value)
+    elif name == "wordwrap":
+        width = args[0] if args else kwargs.get("width", 79)
+        wrap = args[2] if len(args) > 2 else kwargs.get("wrapstring")
+        lines = len(value) // max(width if isinstance(width, int) else 1, 1) + 1
+        budget.size(len(value) + lines * (len(wrap) if isinstance(wrap, str) else 2), what)
+
+
 def _guarded_filter(name: str, func: Callable) -> Callable:
-    """``func`` charged to the budget: int arguments and amplifying inputs checked first, the result after."""
+    """``func`` charged to the budget: its input and arguments checked first, its result after."""
     pass_arg = getattr(getattr(func, "jinja_pass_arg", None), "name", None)
 
     @jinja2.pass_context
@@ -86,18 +122,7 @@ def _guarded_filter(name: str, func: Callable) -> Callable:
         budget = _budget(context)
         budget.tick()
         what = f"the {name!r} filter"
-        _check_int_args(budget, args, kwargs, what)
-        if name in _AMPLIFYING:
-            sep = args[0] if name == "join" and args and isinstance(args[0], str) else ""
-            budget.size(estimate_size(value, budget.limits.max_chars) + len(sep) * _length(value), what)
-        elif name == "replace" and isinstance(value, str):
-            _str_method_precheck(budget, value, "replace", tuple(str(a) for a in args[:2]))
-        elif name == "indent" and isinstance(value, str):
-            width = args[0] if args else kwargs.get("width", 4)
-            pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 4
-            budget.size(len(value) + (value.count("\n") + 1) * max(pad, 0), what)
-        elif name == "format" and isinstance(value, str):
-            check_format_spec(value)
+        _filter_precheck(budget, name, value, args, kwargs, what)
         first = {"context": (context,), "eval_context": (context.eval_ctx,),
                  "environment": (context.environment,)}.get(pass_arg, ())
         return _result_check(budget, func(*first, value, *args, **kwargs), what)
@@ -152,12 +177,12 @@ _range.__name__ = "range"  # errors name the call as the template wrote it
 def _binop_precheck(budget: RenderBudget, op: str, left: Any, right: Any) -> None:
     if op == "*":
         for seq, n in ((left, right), (right, left)):
-            if isinstance(seq, (str, list, tuple)) and isinstance(n, int):
+            if isinstance(seq, _SEQUENCES) and isinstance(n, int):
                 budget.size(len(seq) * max(n, 0), "the '*' operator")
         if isinstance(left, int) and isinstance(right, int):
             budget.int_bits(left.bit_length() + right.bit_length(), "the '*' operator")
     elif op == "+":
-        if isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        if isinstance(left, _SEQUENCES) and isinstance(right, _SEQUENCES):
             budget.size(len(left) + len(right), "the '+' operator")
     elif op == "**":
         if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
@@ -202,7 +227,7 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
         name = getattr(__obj, "__name__", "a function")
         _check_int_args(budget, args, kwargs, f"calling {name}")
         owner = getattr(__obj, "__self__", None)
-        if isinstance(owner, str):
+        if isinstance(owner, _TEXT):
             _str_method_precheck(budget, owner, name, args)
         budget.enter_call()
         try:
