@@ -25,7 +25,7 @@ Tokenizers (``tokenizer.py``)::
 
     tok = Tokenizer.from_gguf(path_or_gguf_file)   # or Tokenizer.from_folder(folder)
     tok.encode(text, add_special_tokens=True), tok.decode(ids), tok.stream().push(id)
-    tok.apply_chat_template(messages, add_generation_prompt=True)   # bounded: render_chat(..., limits=TemplateLimits())
+    tok.apply_chat_template(messages, add_generation_prompt=True)   # bounded (TemplateLimits, limits=...)
     tok.encode_chat(messages, add_generation_prompt=True)           # ids; special tokens in messages stay text
     tok.bos_id, tok.eos_id, tok.stop_ids
 
