@@ -25,13 +25,21 @@ def _marker_regex(nonce: str) -> re.Pattern[str]:
     return re.compile("\ue000" + nonce + r":(\d+)\ue001")
 
 
-def mask_messages(messages: Sequence[dict[str, Any]], specials: Sequence[str],
-                  nonce: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """``messages`` with each special-token string in their text values replaced by a marker, and the
-    strings the markers stand for (marker k is ``table[k]``). Messages without any come back unchanged."""
+def special_pattern(specials: Sequence[str]) -> re.Pattern[str] | None:
+    """A regex matching any of the special-token strings (longest first), or None when there are none."""
+    specials = [s for s in specials if s]
     if not specials:
+        return None
+    return re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
+
+
+def mask_messages(messages: Sequence[dict[str, Any]], pattern: re.Pattern[str] | None,
+                  nonce: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """``messages`` with each match of ``pattern`` (``special_pattern``) in their text values replaced by a
+    marker, and the strings the markers stand for (marker k is ``table[k]``). Text without a match is
+    unchanged."""
+    if pattern is None:
         return list(messages), []
-    pattern = re.compile("|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)))
     table: list[str] = []
 
     def mark(m: re.Match) -> str:

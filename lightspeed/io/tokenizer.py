@@ -86,6 +86,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self._extra_stop = {int(i) for i in extra_stop_ids}
         self._plain_backend: Backend | None = None  # a copy that reads special-token strings as text (lazy)
+        self._specials: tuple[dict[int, str], Any] | None = None  # special_tokens and their regex (lazy)
 
     # construction ------------------------------------------------------------------------------------
     @classmethod
@@ -210,9 +211,12 @@ class Tokenizer:
         """Token ids of ``messages`` rendered with the chat template, where the template's own markers are
         special tokens and text inside the messages never is (``<|im_end|>`` in a user message stays text).
         For messages without special-token strings: ``encode(apply_chat_template(...), False)`` exactly."""
-        specials = self.special_tokens
+        if self._specials is None:  # the vocabulary does not change: the pattern is built once
+            specials = self.special_tokens
+            self._specials = specials, chat_encode.special_pattern(list(specials.values()))
+        specials, pattern = self._specials
         nonce = chat_encode.new_nonce()
-        masked, table = chat_encode.mask_messages(messages, list(specials.values()), nonce)
+        masked, table = chat_encode.mask_messages(messages, pattern, nonce)
         text = self.apply_chat_template(masked, add_generation_prompt=add_generation_prompt,
                                         chat_template=chat_template, **extra)
         text, spans = chat_encode.restore(text, table, nonce)
