@@ -37,8 +37,11 @@ HOSTILE = {
     "join of repeated strings": ("{% set s = 'x' * 1000000 %}{{ ([s] * 1000000)|join }}", "'join' filter"),
     "center filter": ("{{ 'x'|center(1000000000) }}", "'center' filter"),
     "str method": ("{{ 'x'.ljust(1000000000) }}", "ljust"),
-    "format width": ("{{ '%1000000000s'|format('x') }}", "format string"),
-    "str.format width": ("{{ '{:>1000000000}'.format('x') }}", "format string"),
+    "format width": ("{{ '%1000000000s'|format('x') }}", "'format' filter"),
+    "str.format width": ("{{ '{:>1000000000}'.format('x') }}", "str.format"),
+    "%-format width": ("{{ '%1000000000d' % 1 }}", "'%' operator"),
+    "many nested widths": ("{{ ('{0:{1}}' * 1000).format('x', 3999999) }}", "str.format"),
+    "many star widths": ("{{ ('%*s' * 1000) % ((3999999, 'x') * 1000) }}", "'%' operator"),
     "replace amplifies": ("{% set s = 'a' * 1000000 %}{{ s|replace('a', 'b' * 1000) }}", "replace"),
     "indent amplifies": ("{% set s = '\n' * 1000000 %}{{ s|indent(1000) }}", "'indent' filter"),
     "tojson of repeats": ("{% set s = 'x' * 1000000 %}{{ ([s] * 1000)|tojson }}", "'tojson' filter"),
@@ -58,7 +61,7 @@ HOSTILE = {
     "bytes replace": ("{{ ('a' * 1000000).encode().replace('a'.encode(), ('b' * 1000).encode()) }}",
                       "bytes.replace"),
     "str.translate": ("{{ ('a' * 1000000).translate({97: 'x' * 1000}) }}", "str.translate"),
-    "expandtabs": ("{% set s = '\t' * 1000000 %}{{ s.expandtabs(1000) }}", "expandtabs"),
+    "expandtabs": ("{% set s = '\t' * 1000000 %}{{ s.expandtabs(tabsize=1000) }}", "expandtabs"),
 }
 
 

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 from .errors import ChatTemplateLimitError
 
-# a width or precision of 7+ digits in a format spec ("%9999999s", "{:>9999999}") asks for a huge string
-_HUGE_PERCENT_SPEC = re.compile(r"%(\([^)]*\))?[-#0 +]*(\d{7,}|(\d*|\*)\.\d{7,})")
-_HUGE_BRACE_SPEC = re.compile(r"\{[^{}]*:[^{}]*\d{7,}[^{}]*\}")
+_DIGITS = re.compile(r"\d+")
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,7 @@ class TemplateLimits:
 
 
 class RenderBudget:
-    """What one render has used so far; every ``charge_*`` raises ``ChatTemplateLimitError`` past a bound."""
+    """What one render has used so far; each method raises ``ChatTemplateLimitError`` past its bound."""
 
     def __init__(self, limits: TemplateLimits):
         self.limits = limits
@@ -84,11 +82,25 @@ class RenderBudget:
         self.depth -= 1
 
 
-def check_format_spec(fmt: str) -> None:
-    """Refuse a format string whose widths or precisions would build a huge string."""
-    if _HUGE_PERCENT_SPEC.search(fmt) or _HUGE_BRACE_SPEC.search(fmt):
-        raise ChatTemplateLimitError(f"chat template stopped: the format string {fmt[:60]!r} asks for a field "
-                                     "of 10^6 or more characters")
+def format_estimate(fmt: str, values: object, limit: int) -> int:
+    """An upper bound on the length of ``fmt`` formatted with ``values`` (``%`` or ``str.format``): each
+    field at most as wide as the widest width anywhere (a number in ``fmt`` or an int among the values,
+    which ``*`` and nested ``{}`` widths use) plus every value's text, counting no further than ``limit``."""
+    fields = fmt.count("%") + fmt.count("{")
+    if not fields:
+        return len(fmt)
+    ints = [abs(v) for v in _flat(values) if isinstance(v, int) and not isinstance(v, bool)]
+    digits = max((len(run) for run in _DIGITS.findall(fmt)), default=0)
+    widest = max(ints + [10 ** min(digits, 18) if digits else 0])
+    return len(fmt) + fields * (widest + estimate_size(values, limit))
+
+
+def _flat(values: object) -> list:
+    if isinstance(values, dict):
+        return list(values.values())
+    if isinstance(values, (list, tuple)):
+        return [x for v in values for x in (_flat(v) if isinstance(v, (list, tuple, dict)) else [v])]
+    return [values]
 
 
 def estimate_size(value: object, limit: int) -> int:

@@ -27,7 +27,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from .errors import ChatTemplateError
-from .template_limits import RenderBudget, check_format_spec, estimate_size
+from .template_limits import RenderBudget, estimate_size, format_estimate
 
 BUDGET_KEY = "lightspeed budget"   # a space: no template can name it
 _GUARD_FILTER = "lightspeed guard"
@@ -56,7 +56,8 @@ _TEXT = (str, bytes, bytearray)
 _SEQUENCES = (str, bytes, bytearray, list, tuple)
 
 
-def _str_method_precheck(budget: RenderBudget, owner: "str | bytes", name: str, args: tuple) -> None:
+def _str_method_precheck(budget: RenderBudget, owner: "str | bytes", name: str, args: tuple,
+                         kwargs: dict | None = None) -> None:
     """Bounds for the ``str``/``bytes`` methods whose result can be much longer than their arguments."""
     if name == "join" and args:
         budget.size(estimate_size(args[0], budget.limits.max_chars) + len(owner) * _length(args[0]),
@@ -64,9 +65,11 @@ def _str_method_precheck(budget: RenderBudget, owner: "str | bytes", name: str, 
     elif name == "replace" and len(args) >= 2 and isinstance(args[0], _TEXT) and isinstance(args[1], _TEXT):
         hits = owner.count(args[0]) if args[0] else len(owner) + 1
         budget.size(len(owner) + hits * len(args[1]), f"{type(owner).__name__}.replace")
-    elif name == "expandtabs" and args and isinstance(args[0], int):
-        budget.size(len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * max(args[0], 0),
-                    f"{type(owner).__name__}.expandtabs")
+    elif name == "expandtabs":
+        size = args[0] if args else (kwargs or {}).get("tabsize", 8)
+        if isinstance(size, int):
+            tabs = owner.count("\t" if isinstance(owner, str) else b"\t")
+            budget.size(len(owner) + tabs * max(size, 0), f"{type(owner).__name__}.expandtabs")
     elif name == "translate" and args and isinstance(args[0], dict):
         longest = max((len(v) for v in args[0].values() if isinstance(v, _TEXT)), default=1)
         budget.size(len(owner) * longest, "str.translate")
@@ -104,7 +107,7 @@ def _filter_precheck(budget: RenderBudget, name: str, value: Any, args: tuple, k
         pad = width if isinstance(width, int) else len(width) if isinstance(width, str) else 4
         budget.size(len(value) + (value.count("\n") + 1) * max(pad, 0), what)
     elif name == "format":
-        check_format_spec(value)
+        budget.size(format_estimate(value, (args, kwargs), budget.limits.max_chars), what)
     elif name == "wordwrap":
         width = args[0] if args else kwargs.get("width", 79)
         wrap = args[2] if len(args) > 2 else kwargs.get("wrapstring")
@@ -188,9 +191,7 @@ def _binop_precheck(budget: RenderBudget, op: str, left: Any, right: Any) -> Non
         if isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
             budget.int_bits(left.bit_length() * right, "the '**' operator")
     elif op == "%" and isinstance(left, str):
-        check_format_spec(left)
-        _check_int_args(budget, right if isinstance(right, tuple) else (right,), {}, "the '%' operator")
-        budget.size(len(left) + estimate_size(right, budget.limits.max_chars), "the '%' operator")
+        budget.size(format_estimate(left, right, budget.limits.max_chars), "the '%' operator")
 
 
 class GuardedEnvironment(ImmutableSandboxedEnvironment):
@@ -216,11 +217,21 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
         result = super().call_binop(context, operator_, left, right)
         return _result_check(budget, result, f"the {operator_!r} operator")
 
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        if isinstance(obj, str) and attribute in ("format", "format_map"):
-            # checked on access: the sandbox hands back its own formatter, which call() cannot recognise
-            check_format_spec(obj)
-        return super().getattr(obj, attribute)
+    def wrap_str_format(self, value: Any) -> Callable[..., str] | None:
+        """``str.format``/``format_map`` as the sandbox wraps them, with the result's size bounded first."""
+        inner = super().wrap_str_format(value)
+        if inner is None:
+            return None
+        fmt = value.__self__
+
+        @jinja2.pass_context
+        def guarded(context, *args: Any, **kwargs: Any) -> str:
+            budget = _budget(context)
+            budget.size(format_estimate(fmt, (args, kwargs), budget.limits.max_chars), f"str.{value.__name__}")
+            return inner(*args, **kwargs)
+
+        guarded.__name__ = value.__name__
+        return guarded
 
     def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - as the base class
         budget = _budget(__context)
@@ -228,7 +239,7 @@ class GuardedEnvironment(ImmutableSandboxedEnvironment):
         _check_int_args(budget, args, kwargs, f"calling {name}")
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, _TEXT):
-            _str_method_precheck(budget, owner, name, args)
+            _str_method_precheck(budget, owner, name, args, kwargs)
         budget.enter_call()
         try:
             result = super().call(__context, __obj, *args, **kwargs)
