@@ -5,9 +5,9 @@ Handlers run on the event loop and never call native code: a generation is a ``S
 submitted to the engine thread, whose events (text pieces, the finish) come back through an
 asyncio queue. Bodies are read with a size cap and a deadline and validated strictly
 (``protocol``); every error is OpenAI's error JSON. Tokenizing, and rendering the chat template
-(the model file's code, bounded by ``template_limits``), run on worker threads. Every client is watched for ``http.disconnect`` while its request
-runs (streaming or not): when it goes away its sequence is cancelled, and the engine frees the
-slot before its next step.
+(the model file's code, bounded by ``template_limits``), run on worker threads. Every client is
+watched for ``http.disconnect`` while its request runs (streaming or not): when it goes away its
+sequence is cancelled, and the engine frees the slot before its next step.
 """
 from __future__ import annotations
 
