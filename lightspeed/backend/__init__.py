@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Callable
 
 _REGISTRY: dict[str, Callable] = {}
-_LAZY = {"reference": "lightspeed.backend.reference", "c": "lightspeed.backend.c"}
+_LAZY = {"reference": "lightspeed.backend.reference", "c": "lightspeed.backend.c",
+         "opencl": "lightspeed.backend.opencl", "cuda": "lightspeed.backend.cuda"}
 
 
 def register_backend(name: str):

@@ -1,0 +1,372 @@
+"""Render a KernelPlan as GPU kernels: one kernel function per plan kernel, in OpenCL C or CUDA C.
+
+Schedule (the first one): every output element is one work item. A kernel's output axes are flattened into
+one global range of ``items`` work items (rounded up to whole work groups; the extra ones return at once),
+and a work item unravels its index into the loop variables. Inner reductions and gathers are loops and
+guarded blocks inside the work item, so a "tiled" or "gemm" kernel of the C backend is here a plain
+per-output reduction loop. Kernels that render to the same text share one function.
+
+The semantics follow the C renderer (backend/c/render.py) and so the reference backend: 16-bit floats
+are computed in float and rounded after every op, float -> int casts saturate (NaN -> 0), integer
+arithmetic wraps, ``x % 0`` and ``x % -1`` are 0, float max propagates NaN.
+
+Kernel arguments, in order: for each buffer of the kernel (its output first, then what it reads) a base
+pointer and a byte offset (temporaries live in one arena buffer at ``Buffer.offset``), then the number of
+work items, then the value of every program dimension (``plan.dims`` order).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ... import dtypes as dt
+from ... import symbolic as sym
+from ...kernel import ir
+from ...kernel.fusion import KernelPlan
+from ...kernel.ir import dense_offset, loop_var
+from ...ops import Op
+from .dialect import F2I, Dialect
+from .emit import Emitter
+
+STORAGE = {
+    dt.float32: "float", dt.float16: "ls_u16", dt.bfloat16: "ls_u16", dt.int8: "ls_i8", dt.uint8: "ls_u8",
+    dt.int16: "ls_i16", dt.uint16: "ls_u16", dt.int32: "ls_i32", dt.uint32: "ls_u32", dt.int64: "ls_i64",
+    dt.bool_: "ls_u8",
+}
+UNSIGNED_OF = {"ls_i8": "ls_u8", "ls_i16": "ls_u16", "ls_i32": "ls_u32", "ls_i64": "ls_u64"}
+LOOP_KINDS = ("loop", "tiled", "gemm", "scatter")  # lowered kinds (qmatmul, attention) need use_templates=False
+
+
+def compute_type(d: dt.DType) -> str:
+    """The type values of ``d`` are computed in (16-bit floats in float, bools in int)."""
+    if d.is_float:
+        return "float"
+    if d is dt.bool_:
+        return "int"
+    return STORAGE[d]
+
+
+def float_literal(v: float) -> str:
+    """An exact float literal (hexadecimal) for ``v``; infinities and NaN through the dialect's macros."""
+    if math.isnan(v):
+        return "LS_NAN"
+    if math.isinf(v):
+        return "LS_INF" if v > 0 else "(-LS_INF)"
+    v = float(np.float32(v))
+    return f"{v.hex()}f" if v != int(v) or abs(v) >= 2**24 else f"{v:.1f}f"
+
+
+@dataclass
+class GpuKernel:
+    """One launch: plan kernel ``name`` runs function ``function`` over ``items`` work items."""
+    name: str
+    function: str
+    buffers: list[ir.Buffer]
+    items: sym.sint
+
+
+@dataclass
+class GpuProgram:
+    """The source of every kernel function of a plan and the launches in plan order."""
+    dialect: Dialect
+    source: str
+    functions: dict[str, str]  # function name -> its text (without the prelude)
+    kernels: list[GpuKernel]
+
+
+def _ir_key(x: ir.IR, memo: dict) -> tuple:
+    """A structural key of ``x``: equal keys compute equal values (so they are computed once)."""
+    got = memo.get(id(x))
+    if got is not None:
+        return got
+    if isinstance(x, ir.Load):
+        k = ("L", id(x.buf), x.offset, x.dtype)
+    elif isinstance(x, ir.Const):
+        k = ("C", repr(x.value), x.dtype)
+    elif isinstance(x, ir.Index):
+        k = ("I", x.expr, x.dtype)
+    elif isinstance(x, ir.Alu):
+        k = ("A", x.op, tuple(_ir_key(a, memo) for a in x.args), x.dtype)
+    elif isinstance(x, ir.Cast):
+        k = ("K", _ir_key(x.arg, memo), x.dtype)
+    elif isinstance(x, ir.Select):
+        k = ("S", x.valid, _ir_key(x.value, memo), x.dtype)
+    elif isinstance(x, ir.Reduce):
+        k = ("R", x.op, x.var, x.size, _ir_key(x.body, memo), x.dtype)
+    elif isinstance(x, ir.Gather):
+        k = ("G", _ir_key(x.index, memo), x.var, x.rows, _ir_key(x.body, memo), x.dtype)
+    else:
+        raise NotImplementedError(f"GPU renderer: {type(x).__name__}")
+    memo[id(x)] = k
+    return k
+
+
+class KernelRenderer:
+    """Renders the IR of one plan kernel as statements of ``Emitter`` (a fresh renderer per kernel)."""
+
+    def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel):
+        self.dialect = dialect
+        self.plan = plan
+        self.kernel = k
+        self.em = Emitter(dialect, list(plan.dims))
+        self.buffers = [k.out] + [b for b in k.reads if b is not k.out]
+        self.slot = {id(b): i for i, b in enumerate(self.buffers)}
+        self.keys: dict = {}
+        self.var_names: dict[str, int] = {}
+
+    def local_name(self, v: sym.Var) -> str:
+        """A per-kernel name for a loop variable (numbered in order of use: equal kernels render equally)."""
+        base = v.name.rstrip("0123456789") or "v"
+        return self.em.fresh(base + "_")
+
+    def buf(self, b: ir.Buffer) -> str:
+        return f"b{self.slot[id(b)]}"
+
+    # values ------------------------------------------------------------------------------------------
+    def expr(self, x: ir.IR) -> str:
+        """A name or literal holding ``x`` in its compute type (statements go to the emitter)."""
+        if isinstance(x, ir.Const):
+            return self.const(x.value, x.dtype)
+        key = ("ir", _ir_key(x, self.keys))
+        got = self.em.lookup(key)
+        if got is not None:
+            return got
+        text = self._value(x)
+        if not text.isidentifier():
+            name = self.em.fresh("v")
+            self.em.line(f"const {compute_type(x.dtype)} {name} = {text};")
+            text = name
+        self.em.remember(key, text)
+        return text
+
+    def _value(self, x: ir.IR) -> str:
+        em = self.em
+        if isinstance(x, ir.Load):
+            return self.load(x.buf, x.offset)
+        if isinstance(x, ir.Index):
+            return f"(({compute_type(x.dtype)})({em.sym(x.expr)}))"
+        if isinstance(x, ir.Select):
+            valid = em.sym(x.valid)
+            name = em.fresh("v")
+            em.line(f"{compute_type(x.dtype)} {name} = {self.zero(x.dtype)};")
+            with em.block(f"if ({valid})"):
+                em.line(f"{name} = {self.expr(x.value)};")
+            return name
+        if isinstance(x, ir.Cast):
+            return self.cast(x.arg, x.dtype)
+        if isinstance(x, ir.Alu):
+            return self.round16(self.alu(x), x.dtype)
+        if isinstance(x, ir.Reduce):
+            return self.round16(self.reduce(x), x.dtype)
+        if isinstance(x, ir.Gather):
+            return self.gather(x)
+        raise NotImplementedError(f"GPU renderer: {type(x).__name__}")
+
+    def load(self, b: ir.Buffer, off: sym.sint) -> str:
+        ref = f"{self.buf(b)}[{self.em.sym(off)}]"
+        if b.dtype is dt.bfloat16:
+            return f"ls_bf16_to_f32({ref})"
+        if b.dtype is dt.float16:
+            return f"ls_f16_to_f32({ref})"
+        if b.dtype is dt.bool_:
+            return f"((int){ref})"
+        return ref
+
+    @staticmethod
+    def store_value(d: dt.DType, v: str) -> str:
+        if d is dt.bfloat16:
+            return f"ls_f32_to_bf16({v})"
+        if d is dt.float16:
+            return f"ls_f32_to_f16({v})"
+        if d is dt.bool_:
+            return f"(ls_u8)(({v}) != 0)"
+        return f"({STORAGE[d]})({v})"
+
+    def const(self, value, d: dt.DType) -> str:
+        if d.is_float:
+            return float_literal(float(value))
+        if d is dt.bool_:
+            return "1" if value else "0"
+        return f"(({STORAGE[d]}){self.em.literal(int(value))})"
+
+    @staticmethod
+    def zero(d: dt.DType) -> str:
+        return "0.0f" if d.is_float else "0"
+
+    @staticmethod
+    def round16(v: str, d: dt.DType) -> str:
+        """16-bit float values are computed in float and rounded after every op, as the reference does."""
+        if d is dt.float16:
+            return f"ls_round_f16({v})"
+        if d is dt.bfloat16:
+            return f"ls_round_bf16({v})"
+        return v
+
+    def cast(self, arg: ir.IR, to: dt.DType) -> str:
+        v, src = self.expr(arg), arg.dtype
+        if to is dt.bool_:
+            return f"(({v}) != 0)"
+        if to.is_float:
+            return self.round16(f"((float)({v}))", to)
+        if src.is_float:
+            return f"{F2I[to][0]}({v})"
+        return f"(({STORAGE[to]})({v}))"
+
+    def alu(self, x: ir.Alu) -> str:
+        op, d = x.op, x.dtype
+        a = [self.expr(s) for s in x.args]
+        if op in self.dialect.unary:
+            return self.dialect.unary[op].format(a[0])
+        if op is Op.LESS_THAN:
+            return f"(({a[0]}) < ({a[1]}))"
+        ta, tb = (s.dtype is dt.bool_ for s in x.args)
+        if op is Op.MUL:
+            if ta and tb:
+                return f"(({a[0]}) & ({a[1]}))"
+            if ta:
+                return f"(({a[0]}) ? ({a[1]}) : {self.zero(d)})"
+            if tb:
+                return f"(({a[1]}) ? ({a[0]}) : {self.zero(d)})"
+        if op is Op.ADD and ta and tb:
+            return f"(({a[0]}) | ({a[1]}))"  # numpy: bool + bool is logical or
+        if op is Op.MOD:
+            if d.is_float:
+                return f"{self.dialect.fmod}({a[0]}, {a[1]})"
+            t = compute_type(d)
+            # x % 0 is 0 (as in the reference) and x % -1 is 0 (INT_MIN % -1 would trap)
+            return f"((({a[1]}) == 0 || ({a[1]}) == -1) ? ({t})0 : ({t})(({a[0]}) % ({a[1]})))"
+        sym_op = "+" if op is Op.ADD else "*"
+        if op not in (Op.ADD, Op.MUL):
+            raise NotImplementedError(f"GPU renderer: {op}")
+        if d.is_float:
+            return f"(({a[0]}) {sym_op} ({a[1]}))"
+        t = compute_type(d)
+        u = UNSIGNED_OF.get(t, t)  # wrap-around integer arithmetic, as numpy does
+        return f"(({t})(({u})({a[0]}) {sym_op} ({u})({a[1]})))"
+
+    @staticmethod
+    def acc_type(d: dt.DType) -> str:
+        return "float" if d.is_float else ("ls_i64" if d.kind in "ib" else "ls_u64")
+
+    def reduce_init(self, x: ir.Reduce) -> str:
+        if x.op is Op.SUM_REDUCE:
+            return "0.0f" if x.dtype.is_float else "0"
+        if x.dtype.is_float:
+            return "(-LS_INF)"
+        if x.dtype.kind == "i":
+            return self.em.literal(int(np.iinfo(x.dtype.np).min))
+        return "0"
+
+    def reduce(self, x: ir.Reduce) -> str:
+        em = self.em
+        size = em.sym(x.size)
+        acc, t = em.fresh("acc"), self.acc_type(x.dtype)
+        em.line(f"{t} {acc} = {self.reduce_init(x)};")
+        float_max = x.op is Op.MAX_REDUCE and x.dtype.is_float
+        nan = em.fresh("nan") if float_max else ""
+        if float_max:
+            em.line(f"int {nan} = 0;")
+        v = self.local_name(x.var)
+        with em.block(f"for (ls_i64 {v} = 0; {v} < {size}; {v}++)"):
+            em.bind(x.var, v)
+            body = self.expr(x.body)
+            if x.op is Op.SUM_REDUCE:
+                em.line(f"{acc} += {body};")
+            elif float_max:  # NaN (which numpy propagates) is tracked in a flag
+                em.line(f"{nan} |= {body} != {body}; {acc} = {body} > {acc} ? {body} : {acc};")
+            else:
+                em.line(f"{acc} = ({t}){body} > {acc} ? ({t}){body} : {acc};")
+        if float_max:
+            return f"({nan} ? LS_NAN : {acc})"
+        return f"(({compute_type(x.dtype)}){acc})"
+
+    def gather(self, x: ir.Gather) -> str:
+        em = self.em
+        index = self.expr(x.index)
+        g = self.local_name(x.var)
+        em.line(f"const ls_i64 {g} = (ls_i64)({index});")
+        rows = em.sym(x.rows)
+        name = em.fresh("v")
+        em.line(f"{compute_type(x.dtype)} {name} = {self.zero(x.dtype)};")
+        with em.block(f"if ({g} >= 0 && {g} < {rows})"):
+            em.bind(x.var, g)
+            em.line(f"{name} = {self.expr(x.body)};")
+        return name
+
+    # the kernel function -------------------------------------------------------------------------------
+    def function(self) -> tuple[str, sym.sint]:
+        """(the kernel function's text, named ``KFN``; the number of work items it runs over)."""
+        k, em = self.kernel, self.em
+        if k.kind not in LOOP_KINDS:
+            raise NotImplementedError(f"GPU renderer: kernel {k.name} is a lowered {k.kind!r} kernel; "
+                                      "form the plan with use_templates=False")
+        shape, vars_ = list(k.shape), list(k.loop_vars)
+        items = sym.prod(shape) if shape else 1
+        em.line("const ls_i64 gid = LS_GLOBAL_ID;")
+        em.line("if (gid >= n_items) return;")
+        for i, b in enumerate(self.buffers):
+            qual = "" if b is k.out else "const "
+            t = STORAGE[b.dtype]
+            em.line(f"LS_GLOBAL {qual}{t} *{self.buf(b)} = (LS_GLOBAL {qual}{t} *)(p{i} + o{i});")
+        if vars_:
+            em.line("ls_i64 rest = gid;")
+        for pos in range(len(vars_) - 1, -1, -1):
+            name = self.local_name(vars_[pos])
+            if pos == 0:
+                em.line(f"const ls_i64 {name} = rest;")
+            else:
+                size = em.sym(shape[pos])
+                em.line(f"const ls_i64 {name} = rest % {size}; rest = rest / {size};")
+            em.bind(vars_[pos], name)
+        if k.kind == "scatter":
+            self.scatter_body()
+        else:
+            off = em.sym(dense_offset(vars_, shape)) if shape else "0"
+            value = self.expr(k.value)
+            em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
+        params = []
+        for i, b in enumerate(self.buffers):
+            qual = "" if b is k.out else "const "
+            params.append(f"LS_GLOBAL {qual}ls_u8 *p{i}, const ls_i64 o{i}")
+        params.append("const ls_i64 n_items")
+        params += [f"const ls_i64 D_{v.name}" for v in self.plan.dims]
+        text = "LS_KERNEL KFN(" + ", ".join(params) + ") {\n" + "\n".join(em.lines) + "\n}\n"
+        return text, items
+
+    def scatter_body(self) -> None:
+        """Write ``value`` at the row the scatter index names (rows out of range write nothing)."""
+        k, em = self.kernel, self.em
+        rows_var = loop_var("kid", k.scatter_rows)
+        index = self.expr(k.scatter_index)
+        kid = self.local_name(rows_var)
+        em.line(f"const ls_i64 {kid} = (ls_i64)({index});")
+        rows = em.sym(k.scatter_rows)
+        with em.block(f"if ({kid} >= 0 && {kid} < {rows})"):
+            em.bind(rows_var, kid)
+            # the scattered node's own shape (its buffer may be an output stored under a reshaped shape)
+            off = em.sym(dense_offset([rows_var] + list(k.loop_vars[1:]), (k.scatter_rows,) + tuple(k.shape[1:])))
+            value = self.expr(k.value)
+            em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
+
+
+def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect) -> tuple[str, list[ir.Buffer], sym.sint]:
+    """(function text named ``KFN``, its buffers in argument order, its work items) of plan kernel ``k``."""
+    r = KernelRenderer(plan, dialect, k)
+    text, items = r.function()
+    return text, r.buffers, items
+
+
+def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k") -> GpuProgram:
+    """Every kernel of ``plan`` as functions of ``dialect`` (equal texts share one function) and the
+    launches in plan order."""
+    by_text: dict[str, str] = {}
+    launches = []
+    for k in plan.kernels:
+        text, buffers, items = render_kernel(plan, k, dialect)
+        name = by_text.setdefault(text, f"{prefix}{len(by_text)}")
+        launches.append(GpuKernel(k.name, name, buffers, items))
+    functions = {name: text.replace("KFN", name) for text, name in by_text.items()}
+    source = dialect.prelude() + "\n" + "\n".join(functions.values())
+    return GpuProgram(dialect, source, functions, launches)

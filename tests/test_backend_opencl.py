@@ -1,0 +1,109 @@
+"""The OpenCL backend (backend/gpu kernels in OpenCL C through pyopencl; PoCL on a CPU-only machine).
+
+Every frontend case against the same oracles as the reference and C backends, random graphs against the
+reference backend (tests/test_backend_c_random.py's generator, fewer examples), and a tiny Llama whose
+greedy tokens must equal the C backend's. Skips, with the reason printed, where no OpenCL platform exists.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import test_backend_c_random as rg  # the module, so its C test is not collected a second time here
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from time_limit import time_limit
+
+from frontend_cases import CASES, Case, run_case
+from lightspeed import symbolic as sym
+from lightspeed.backend.opencl import unavailable_reason
+from lightspeed.graph import Program, describe
+
+BACKEND = "opencl"
+REASON = unavailable_reason()
+if REASON is not None:
+    print(f"tests/test_backend_opencl.py: skipped: {REASON}")
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no OpenCL device: {REASON}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_cache_dir(tmp_path_factory):
+    """A private compile cache (pyopencl's and PoCL's caches live under it only when PoCL starts after
+    this is set; PoCL's directory is fixed for the process on first use, so this mainly isolates pyopencl)."""
+    old = os.environ.get("LIGHTSPEED_CACHE_DIR")
+    os.environ["LIGHTSPEED_CACHE_DIR"] = str(tmp_path_factory.mktemp("ls_cache_opencl"))
+    yield
+    if old is None:
+        del os.environ["LIGHTSPEED_CACHE_DIR"]
+    else:
+        os.environ["LIGHTSPEED_CACHE_DIR"] = old
+
+
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_op_opencl(case: Case, symbolic: bool) -> None:
+    if case.torch:
+        pytest.importorskip("torch")
+    if symbolic and not case.symbolic:
+        pytest.skip("this case has no symbolic dims")
+    run_case(case, BACKEND, symbolic)
+
+
+# random graphs: the generator of test_backend_c_random.py, compared with the reference backend ---------------
+RANDOM_EXAMPLES = int(os.environ.get("LIGHTSPEED_OPENCL_RANDOM_EXAMPLES", "25"))
+
+
+@settings(max_examples=RANDOM_EXAMPLES, deadline=None, phases=rg.PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_random_graph_opencl_matches_reference(data: st.DataObject) -> None:
+    built = rg.GraphMaker(data).build()
+    outs = [v.t for v in built.outputs]
+    program = Program.build(built.graph, outs)
+    note("\n".join(built.log) + "\nprogram:\n" + describe(program) + "\noutputs: " + repr(program.outputs))
+    with time_limit(rg.COMPILE_LIMIT_S, "compiling a random graph for the OpenCL backend"):
+        prog = built.graph.compile(outs, backend=BACKEND)
+    ref = built.graph.compile(outs, backend="reference")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    names = {v.name for v in prog.program.dims}
+    for env in rg._bindings(built.dims, data):
+        arrays = {}
+        for spec in built.inputs:
+            if spec.name in prog.input_names:
+                shape = tuple(int(sym.evaluate(s, env)) for s in spec.shape)
+                arrays[spec.name] = np.asarray(spec.gen(rng, shape, env)).astype(spec.dtype.np)
+        dims = {k: v for k, v in env.items() if k in names}
+        want, got = ref(dims=dims, **arrays), prog(dims=dims, **arrays)
+        assert len(got) == len(want)
+        for k, (gv, wv, v) in enumerate(zip(got, want, built.outputs)):
+            rg._compare(gv, wv, v, f"output {k} at dims {env} (the graph is in the notes above)")
+
+
+# a tiny Llama: greedy tokens equal to the C backend's ------------------------------------------------------
+def _greedy(step, prompt: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+    caches = step.new_caches()
+    logits, caches = step.run(prompt, 0, caches)
+    tokens, all_logits = [], [logits[-1]]
+    pos = len(prompt)
+    for _ in range(steps):
+        tokens.append(int(np.argmax(all_logits[-1])))
+        logits, caches = step.run([tokens[-1]], pos, caches)
+        all_logits.append(logits[-1])
+        pos += 1
+    return tokens, all_logits
+
+
+@pytest.mark.parametrize("kv_update", ["rows", "scatter"])
+def test_tiny_llama_greedy_tokens_match_c(tmp_path, kv_update: str) -> None:
+    from tiny_gguf import write_tiny_llama
+    from lightspeed.models import load_model
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, seed=3)
+    lm = load_model(path)
+    prompt = [5, 17, 42, 99, 3, 64]
+    want, want_logits = _greedy(lm.compile(32, max_chunk=8, backend="c", kv_update=kv_update), prompt, 8)
+    got, got_logits = _greedy(lm.compile(32, max_chunk=8, backend=BACKEND, kv_update=kv_update), prompt, 8)
+    assert got == want
+    for k, (g, w) in enumerate(zip(got_logits, want_logits)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=f"logits after {k} generated tokens")
