@@ -1,0 +1,98 @@
+"""The CUDA backend without a GPU: every kernel of several programs compiles through NVRTC to an sm_90
+cubin, and running where there is no driver or device raises a clear CudaUnavailableError.
+
+Skips, with the reason printed, where NVRTC (pip install nvidia-cuda-nvrtc cuda-bindings) is missing.
+Where a CUDA device exists, the frontend cases also run on it against the reference oracles.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lightspeed as ls
+from frontend_cases import CASES, DIM_BOUNDS, build_graph
+from lightspeed.backend.cuda import CudaUnavailableError, available, compile_cubins
+from lightspeed.backend.cuda.driver import Device
+
+REASON = available()
+if REASON is not None:
+    print(f"tests/test_backend_cuda.py: skipped: {REASON}")
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"NVRTC unavailable: {REASON}")
+
+
+def _device_reason() -> str | None:
+    try:
+        Device(0)
+    except CudaUnavailableError as e:
+        return str(e)
+    return None
+
+
+DEVICE_REASON = _device_reason() if REASON is None else REASON
+ELF = b"\x7fELF"
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ls_cache_cuda"))
+
+
+def _check_cubins(results) -> None:
+    assert results
+    for name, source, cubin in results:
+        assert f"LS_KERNEL {name}(" in source
+        assert cubin[:4] == ELF, f"{name}: not an ELF cubin"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_frontend_case_kernels_compile_to_sm90_cubins(case) -> None:
+    """The graph with symbolic dims where the case has them (as run_case builds it), else static."""
+    names = set().union(*(s.keys() for s in case.sizes))
+    dims = {k: ls.dim(k, *DIM_BOUNDS[k]) for k in names} if case.symbolic else case.sizes[0]
+    g, out, _ = build_graph(case, dims)
+    _check_cubins(compile_cubins([out], arch="sm_90"))
+
+
+def test_tiny_llama_kernels_compile_to_sm90_cubins(tmp_path) -> None:
+    """Every kernel of a tiny Llama's step program (prefill and decode in one, symbolic seq and pos)."""
+    from tiny_gguf import write_tiny_llama
+    from lightspeed.models import load_model
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path)
+    lm = load_model(path)
+    g, outputs, _ = lm.build(32, 8, True, "rows", "float32")
+    results = compile_cubins(outputs, arch="sm_90")
+    _check_cubins(results)
+    assert len(results) >= 8  # norms, projections, rotary, attention, MLP, logits
+
+
+def test_float16_and_bfloat16_kernels_compile() -> None:
+    g = ls.Graph()
+    n = ls.dim("n", 1, 64)
+    x = g.input("x", (n, 16), ls.float16)
+    w = g.input("w", (16, 8), ls.bfloat16)
+    y = (x.cast(ls.float32) @ w.cast(ls.float32)).cast(ls.float16).exp() + x[:, :8]
+    _check_cubins(compile_cubins([y.cast(ls.int8), y.max(-1)]))
+
+
+@pytest.mark.skipif(DEVICE_REASON is None, reason="a CUDA device is present")
+def test_running_without_a_device_says_what_is_missing() -> None:
+    g = ls.Graph()
+    x = g.input("x", (4,))
+    prog = g.compile([x.exp()], backend="cuda")  # compiling needs no device
+    assert prog.executor.cubin[:4] == ELF
+    with pytest.raises(CudaUnavailableError, match="cannot run it: no NVIDIA driver|cannot run it: .*device") as e:
+        prog(x=np.ones(4, np.float32))
+    assert "Traceback" not in str(e.value)
+
+
+@pytest.mark.skipif(DEVICE_REASON is not None, reason=f"no CUDA device: {DEVICE_REASON}")
+@pytest.mark.parametrize("symbolic", [False, True], ids=["static", "symbolic"])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_op_cuda_on_device(case, symbolic: bool) -> None:
+    from frontend_cases import run_case
+    if case.torch:
+        pytest.importorskip("torch")
+    if symbolic and not case.symbolic:
+        pytest.skip("this case has no symbolic dims")
+    run_case(case, "cuda", symbolic)
