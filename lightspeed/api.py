@@ -129,8 +129,8 @@ class Model:
         if isinstance(messages, str):
             messages = ([{"role": "system", "content": system}] if system else []) + \
                 [{"role": "user", "content": messages}]
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        # special-token text inside a message stays text: a user cannot forge the template's role markers
+        return self.tokenizer.encode_chat(list(messages), add_generation_prompt=True)
 
     # generation ------------------------------------------------------------------------------------
     def _generation(self, ids: list[int], *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
