@@ -84,6 +84,9 @@ class Graph:
         # (node id -> a description; e.g. "this node dequantizes these raw blocks"). The primitive
         # graph stays the source of truth: backends that ignore this run the primitives.
         self.lowerings: dict[int, Any] = {}
+        # node id -> BytesValue: the node decodes a value stored in bytes (a float16 from two bytes), which a
+        # backend may read with one load and conversion instead of the primitive arithmetic
+        self.byte_values: dict[int, BytesValue] = {}
         self._templates: dict[tuple, _Template] = {}  # see ``memoised``
 
     # node creation ------------------------------------------------------------
@@ -160,13 +163,18 @@ class Graph:
             outs = (result,) if isinstance(result, Tensor) else tuple(result)
             if not all(isinstance(o, Tensor) and o.node.graph is self for o in outs):
                 raise TypeError("memoised: build must return Tensors of this graph")
-            self._templates[full_key] = _Template(tuple(ids), _cone([o.node for o in outs], set(ids)),
-                                                  tuple((o.node, o.st) for o in outs), isinstance(result, Tensor))
+            cone = _cone([o.node for o in outs], set(ids))
+            facts = {n.id: self.byte_values[n.id] for n in cone if n.id in self.byte_values}
+            self._templates[full_key] = _Template(tuple(ids), cone, tuple((o.node, o.st) for o in outs),
+                                                  isinstance(result, Tensor), facts)
             return result
         mapping = {old: s.node for old, s in zip(t.sources, sources)}  # the key holds which sources coincide
         for n in t.nodes:
             srcs = [(mapping.get(s.id, s), st) for s, st in n.srcs]
             mapping[n.id] = self.node(n.op, srcs, n.arg, n.dtype, n.shape)
+        for old, fact in t.byte_values.items():  # facts about replayed nodes hold for their copies
+            self.byte_values[mapping[old].id] = BytesValue(fact.stored, tuple(
+                (mapping.get(n.id, n), st) for n, st in fact.parts))
         outs = tuple(Tensor(mapping.get(n.id, n), st) for n, st in t.outs)
         return outs[0] if t.single else outs
 
@@ -203,6 +211,15 @@ class _Template:
     nodes: tuple[Node, ...]
     outs: tuple[tuple[Node, ShapeTracker], ...]
     single: bool  # build returned one Tensor, not a tuple
+    byte_values: dict = field(default_factory=dict)  # facts (Graph.byte_values) about nodes of ``nodes``
+
+
+@dataclass(frozen=True)
+class BytesValue:
+    """A node's value is the ``stored`` (float16) value held little-endian in its ``parts``: (node, view) pairs
+    of the byte values, lowest byte first, each a float32 cast of a uint8 tensor."""
+    stored: dt.DType
+    parts: tuple
 
 
 def _cone(outs: list[Node], sources: set[int]) -> tuple[Node, ...]:

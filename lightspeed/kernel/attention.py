@@ -174,7 +174,7 @@ class StreamingAttention:
         reads = []
         for root in (score, value):
             for x in root.walk():
-                if isinstance(x, ir.Load) and x.buf not in reads:
+                if isinstance(x, (ir.Load, ir.Bytes)) and x.buf not in reads:
                     reads.append(x.buf)
         zero = ir.Const(0, dt.float32)
         kern = ir.Kernel(name, buf, n.shape, tuple(vars_), zero, "attention", template=tmpl, template_reads=reads)

@@ -66,9 +66,10 @@ class Former:
     """Builds a KernelPlan from a Program."""
 
     def __init__(self, program: Program, use_templates: bool = True, activations: str = "float",
-                 lower_only: frozenset[int] | None = None, gemm: bool = True):
+                 lower_only: frozenset[int] | None = None, gemm: bool = True, byte_loads: bool = False):
         self.program = program
         self.generate_gemm = gemm  # matmul-like reductions become "gemm" kernels (packed, register-blocked)
+        self.byte_loads = byte_loads  # float16 decodes from bytes become ir.Bytes loads (Graph.byte_values)
         self.lower_only = lower_only  # None: every match lowers; else only matches at these node ids (search)
         self.activations = activation_mode(activations)
         self.graph = program.graph
@@ -259,6 +260,10 @@ class Former:
 
     def _compute(self, n: Node, idx) -> ir.IR:
         """The IR of node ``n`` at index ``idx`` (ignoring whether ``n`` itself has a buffer)."""
+        if self.byte_loads and n.id in self.graph.byte_values:
+            loaded = self._bytes_value(self.graph.byte_values[n.id], idx)
+            if loaded is not None:
+                return loaded
         op = n.op
         if op is Op.CONST:
             if isinstance(n.arg, ArrayConst):
@@ -289,6 +294,22 @@ class Former:
             body = self._read(data, dst, [g] + list(idx[k:]))
             return ir.Gather(index, g, dst.shape[0], body, n.dtype)
         raise NotImplementedError(f"kernel formation: cannot inline {op}")
+
+    def _bytes_value(self, fact, idx) -> ir.Bytes | None:
+        """A node that decodes a float16 from two bytes (``fact``) as one load of those bytes, when both are
+        read from the same uint8 buffer at consecutive offsets; else None (the primitive decode)."""
+        offsets, buf = [], None
+        for part, st in fact.parts:
+            x = self._read(part, st, idx)
+            if not (isinstance(x, ir.Cast) and isinstance(x.arg, ir.Load) and x.arg.buf.dtype is dt.uint8):
+                return None
+            if buf is not None and x.arg.buf is not buf:
+                return None
+            buf = x.arg.buf
+            offsets.append(x.arg.offset)
+        if len(offsets) != 2 or not sym.same(sym.add(offsets[0], 1), offsets[1]):
+            return None
+        return ir.Bytes(buf, offsets[0], fact.stored, dt.float32)
 
     # plan --------------------------------------------------------------------------
     def plan(self) -> KernelPlan:
@@ -414,7 +435,7 @@ def _reads(kern: ir.Kernel) -> list[ir.Buffer]:
     roots = [kern.value] + ([kern.scatter_index] if kern.scatter_index is not None else [])
     for root in roots:
         for x in root.walk():
-            if isinstance(x, ir.Load) and x.buf not in out:
+            if isinstance(x, (ir.Load, ir.Bytes)) and x.buf not in out:
                 out.append(x.buf)
     return out
 
@@ -449,11 +470,13 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
 
 
 def form_kernels(program: Program, use_templates: bool = True, activations: str = "float",
-                 lower_only: frozenset[int] | None = None, gemm: bool = True) -> KernelPlan:
+                 lower_only: frozenset[int] | None = None, gemm: bool = True,
+                 byte_loads: bool = False) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
     ``activations`` is how quantized matmuls take their activations: "float" (float32, exact decode),
     "int16" or "int8" (quantized per block of 32 once per call: faster, not bit-exact);
     ``lower_only`` (graph search's choice) lets only the lowered kernels matched at these node ids replace
     their primitive forms (None: all of them); ``gemm=False`` keeps matmul-like reductions in the plain
-    loop forms instead of "gemm" kernels."""
-    return Former(program, use_templates, activations, lower_only, gemm).plan()
+    loop forms instead of "gemm" kernels; ``byte_loads`` reads the float16 values a decode rebuilds from two
+    bytes (Graph.byte_values) with one load (a backend that renders ``ir.Bytes``)."""
+    return Former(program, use_templates, activations, lower_only, gemm, byte_loads).plan()

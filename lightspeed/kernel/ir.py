@@ -51,6 +51,17 @@ class Load(IR):
 
 
 @dataclass(eq=False)
+class Bytes(IR):
+    """The ``stored`` value (float16) held little-endian in the bytes of ``buf`` (uint8) from byte ``offset``,
+    as ``dtype`` (float32): a load in place of the primitive decode of those bytes (see
+    quant/decode_graph.py, ``half_from_bytes``)."""
+    buf: Buffer
+    offset: sint
+    stored: dt.DType
+    dtype: dt.DType
+
+
+@dataclass(eq=False)
 class Const(IR):
     value: Any
     dtype: dt.DType
@@ -120,6 +131,14 @@ class Gather(IR):
 
 
 @dataclass(eq=False)
+class Bound(IR):
+    """A value the enclosing loop nest computes once, outside the loop that reads it, and holds under
+    ``name`` (a renderer's loop-invariant hoisting; see backend/c/gemm.py)."""
+    name: str
+    dtype: dt.DType
+
+
+@dataclass(eq=False)
 class Kernel:
     """One loop nest computing ``value`` at every index ``loop_vars`` of ``shape`` into ``out``.
 
@@ -151,7 +170,7 @@ def ir_vars(x: IR) -> set[Var]:
     """The loop variables ``x`` reads (in offsets, indices, selects, reduction and gather sizes)."""
     out: set[Var] = set()
     for y in x.walk():
-        if isinstance(y, Load):
+        if isinstance(y, (Load, Bytes)):
             out |= sym.free_vars(y.offset)
         elif isinstance(y, Index):
             out |= sym.free_vars(y.expr)

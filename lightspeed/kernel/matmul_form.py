@@ -63,4 +63,7 @@ def match_matmul(value: ir.IR, loop_vars: tuple[sym.Var, ...]) -> MatmulForm | N
             mvar = loop_vars[m]
             if mvar in av and mvar not in bv:
                 return MatmulForm(m, n, value, a, b)
+        for m in range(n - 1, -1, -1):  # one row (a matvec): an axis of size 1 that neither factor reads
+            if loop_vars[m].hi == 0 and loop_vars[m] not in av | bv:
+                return MatmulForm(m, n, value, a, b)
     return None

@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import symbolic as sym
+from ..graph import BytesValue
 from ..tensor import Tensor
 from .formats import QType, block_format
 
@@ -76,7 +77,10 @@ def half_from_bytes(lo: Tensor, hi: Tensor) -> Tensor:
     mant_top = low7 % 4.0
     exponent = (low7 - mant_top) * 0.25
     mantissa = mant_top * 256.0 + lo
-    return ieee_float(127.0 < hi, exponent, mantissa, 5, 10)
+    out = ieee_float(127.0 < hi, exponent, mantissa, 5, 10)
+    # a backend may read the two bytes as one float16 instead (the same value, NaN payloads aside)
+    out.graph.byte_values[out.node.id] = BytesValue(dt.float16, ((lo.node, lo.st), (hi.node, hi.st)))
+    return out
 
 
 def bf16_from_bytes(lo: Tensor, hi: Tensor) -> Tensor:

@@ -112,7 +112,7 @@ class CBackend:
         self.program = program
         # a program compiled before (same structure, options and code) skips formation and rendering
         form_options = dict(use_templates=templates, activations=activation_mode(activations, int8_activations),
-                            gemm=gemm)
+                            gemm=gemm, byte_loads=True)
         cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None,
                              profile=profile, portable=portable)
         self.plan = cached.plan or assign_schedules(form_kernels(program, **form_options), choose=schedules)

@@ -44,7 +44,7 @@ def edges(x) -> tuple[list, list]:
     """(operands the C text always evaluates, [(operand, variable it binds or None)] it evaluates only
     under a condition). The renderer asks for each operand as ``expr``/``idx`` or ``guarded``
     accordingly; ``Cse`` checks that the two agree."""
-    if isinstance(x, ir.Load):
+    if isinstance(x, (ir.Load, ir.Bytes)):
         return [x.offset], []
     if isinstance(x, ir.Index):
         return [x.expr], []
@@ -175,6 +175,8 @@ class Cse:
 
     def _ir_key(self, x: ir.IR) -> tuple:
         n, d = self.nid, x.dtype.name
+        if isinstance(x, ir.Bytes):
+            return ("Y", id(x.buf), n(x.offset), x.stored.name, d)
         if isinstance(x, ir.Load):
             return ("L", id(x.buf), n(x.offset), d)
         if isinstance(x, ir.Const):
@@ -191,6 +193,8 @@ class Cse:
             return ("R", x.op.name, n(x.var), n(x.size), n(x.body), d)
         if isinstance(x, ir.Gather):
             return ("G", n(x.index), n(x.var), n(x.rows), n(x.body), d)
+        if isinstance(x, ir.Bound):
+            return ("B", x.name, d)
         raise NotImplementedError(f"C renderer: {type(x).__name__}")
 
     def free_vars(self, k: int) -> frozenset:

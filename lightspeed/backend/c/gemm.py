@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from ... import symbolic as sym
 from ...kernel import ir
+from ...kernel.ir import loop_var
 from ...kernel.matmul_form import MatmulForm
 from ...kernel.schedule import Pack, Register, Schedule, ScheduleError, Tile, Unroll, Vectorize
+from .loop_split import block_split, hoist_invariants
 
 AXES = ("m", "n", "k")
 
@@ -82,11 +84,14 @@ def micro_kernel(MR: int, NR: int, W: int, U: int) -> tuple[str, str]:
     return name, "\n".join(x for x in lines if x)
 
 
-def _pack_lines(dst: str, x: ir.IR, r, ov: str, kv: str, o0: str, on: str, R: int, outer_inner: bool) -> list[str]:
+def _pack_lines(dst: str, x: ir.IR, r, ov: str, kv: str, o0: str, on: str, R: int, outer_inner: bool,
+                blocks: tuple | None = None) -> list[str]:
     """Lines that pack factor ``x`` for outputs ``o0 .. o0 + on`` (C variable ``ov``) and reductions
     ``k0 .. k0 + kc`` (``kv``) into ``dst``: panels of ``R`` outputs, ``kc x R`` each, outputs past ``on``
     zero. ``outer_inner``: the factor reads memory contiguously along the output axis (so the lanes of a
-    panel are the inner loop); else along k (so k is)."""
+    panel are the inner loop); else along k (so k is). ``blocks`` (c, hi, lo, x over hi and lo; see
+    loop_split.block_split): k runs as blocks of c, so the per-block part of ``x`` (a quantized block's
+    scale) is computed once per block and the inner loop has no division."""
     text = r.expr(x)
     head = [f"            for (int64_t o = 0; o < {on}; o += {R}) {{",
             f"                float *restrict pan = {dst} + o * kc;",
@@ -100,6 +105,19 @@ def _pack_lines(dst: str, x: ir.IR, r, ov: str, kv: str, o0: str, on: str, R: in
                 f"                        const int64_t {ov} = {o0} + o + t;",
                 f"                        pan[kk * {R} + t] = {text};",
                 "                    }", "                }"]
+    elif blocks is not None:
+        c, hi, lo, xb = blocks
+        hv, lv = r.var(hi), r.var(lo)
+        # what a block shares (its scale decode) is computed once before the loop over its elements
+        xb, hoisted = hoist_invariants(xb, lo, f"h{dst}")
+        body = ["                for (int64_t t = 0; t < rn; t++) {",
+                f"                    const int64_t {ov} = {o0} + o + t;",
+                f"                    for (int64_t {hv} = k0 / {c}; {hv} < (k0 + kc) / {c}; {hv}++) {{",
+                f"                        float *restrict row = pan + ({hv} * {c} - k0) * {R} + t;"]
+        body += [f"                        const float {name} = {r.expr(h)};" for name, h in hoisted]
+        body += ['                        _Pragma("omp simd")',
+                 f"                        for (int64_t {lv} = 0; {lv} < {c}; {lv}++) row[{lv} * {R}] = {r.expr(xb)};",
+                 "                    }", "                }"]
     else:
         body = ["                for (int64_t t = 0; t < rn; t++) {",
                 f"                    const int64_t {ov} = {o0} + o + t;",
@@ -139,6 +157,15 @@ def vector_helpers(widths) -> str:
                 f"static inline ls_vf{w} ls_vload{w}(const float *p) {{ ls_vf{w} v; memcpy(&v, p, sizeof v); return v; }}",
                 f"static inline void ls_vstore{w}(float *p, ls_vf{w} v) {{ memcpy(p, &v, sizeof v); }}"]
     return "\n".join(out) + "\n"
+
+
+def _blocks(x: ir.IR, kvar: sym.Var, size: sym.sint, kc: int) -> tuple | None:
+    """The block split of factor ``x`` along k (loop_split.block_split) when k tiles of ``kc`` hold whole
+    blocks, else None."""
+    if not sym.is_const(size):
+        return None
+    found = block_split(x, kvar, int(size), loop_var)
+    return found if found is not None and kc % found[0] == 0 else None
 
 
 def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
@@ -194,9 +221,9 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
               f"        for (int64_t k0 = 0; k0 < K; k0 += {KC}) {{",
               f"            const int64_t kc = ls_min({KC}, K - k0);"]
     lines += _pack_lines("bp", form.b, r, r.var(nvar), r.var(kvar), "j0", "nc", NR,
-                         inner_var(form.b, nvar, kvar) is nvar)
+                         inner_var(form.b, nvar, kvar) is nvar, _blocks(form.b, kvar, form.reduce.size, KC))
     lines += _pack_lines("ap", form.a, r, r.var(mvar), r.var(kvar), "i0", "mc", MR,
-                         inner_var(form.a, mvar, kvar) is mvar)
+                         inner_var(form.a, mvar, kvar) is mvar, _blocks(form.a, kvar, form.reduce.size, KC))
     lines += [f"            for (int64_t jr = 0; jr < nc; jr += {NR})",
               f"                for (int64_t ir = 0; ir < mc; ir += {MR})",
               f"                    {ukr}(kc, ap + ir * kc, bp + jr * kc, cb + (i0 + ir) * ldc + j0 + jr, ldc, "

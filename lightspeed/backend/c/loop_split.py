@@ -29,7 +29,7 @@ def substitute(x: ir.IR, mapping: dict, memo: dict | None = None) -> ir.IR:
     memo = {} if memo is None else memo
     if id(x) in memo:
         return memo[id(x)]
-    if isinstance(x, ir.Load):
+    if isinstance(x, (ir.Load, ir.Bytes)):
         y = replace(x, offset=sym.to_expr(x.offset).substitute(mapping))
     elif isinstance(x, ir.Index):
         y = replace(x, expr=sym.to_expr(x.expr).substitute(mapping))
@@ -50,7 +50,7 @@ def substitute(x: ir.IR, mapping: dict, memo: dict | None = None) -> ir.IR:
 def _index_exprs(x: ir.IR) -> list[sym.Expr]:
     out = []
     for y in x.walk():
-        if isinstance(y, ir.Load):
+        if isinstance(y, (ir.Load, ir.Bytes)):
             out.append(sym.to_expr(y.offset))
         elif isinstance(y, ir.Index):
             out.append(sym.to_expr(y.expr))
@@ -128,14 +128,24 @@ def split_reduction(x: ir.Reduce, make_var) -> ir.Reduce | None:
     if any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.body.walk()):
         return None
     n, v = int(x.size), x.var
-    exprs = _index_exprs(x.body)
+    found = block_split(x.body, v, n, make_var)
+    if found is None:
+        return None
+    c, hi, lo, body = found
+    return ir.Reduce(x.op, hi, n // c, ir.Reduce(x.op, lo, c, body, x.dtype), x.dtype)
+
+
+def block_split(x: ir.IR, v: sym.Var, n: int, make_var) -> tuple[int, sym.Var, sym.Var, ir.IR] | None:
+    """The largest block size ``c`` (>= MIN_INNER, dividing ``n``) by which ``x`` divides ``v``, such that with
+    ``v = c * hi + lo`` no division involves ``lo``: (c, hi, lo, x rewritten over hi and lo), or None."""
+    exprs = _index_exprs(x)
     divisors = {d.b.value for e in exprs for d in _divmods(e)
                 if isinstance(d.b, sym.Const) and v in d.a.vars() and MIN_INNER <= d.b.value < n and n % d.b.value == 0}
     for c in sorted(divisors, reverse=True):
         hi, lo = make_var(f"{v.name}_hi", n // c), make_var(f"{v.name}_lo", c)
-        body = substitute(x.body, {v: sym.add(sym.mul(hi, c), lo)})
+        body = substitute(x, {v: sym.add(sym.mul(hi, c), lo)})
         if _clean(_index_exprs(body), lo):
-            return ir.Reduce(x.op, hi, n // c, ir.Reduce(x.op, lo, c, body, x.dtype), x.dtype)
+            return c, hi, lo, body
     return None
 
 
@@ -165,3 +175,36 @@ def split_reductions(value: ir.IR, make_var, memo: dict | None = None) -> ir.IR:
             out = replace(value, index=index, body=body)
     memo[id(value)] = out
     return out
+
+
+def hoist_invariants(x: ir.IR, v: sym.Var, prefix: str) -> tuple[ir.IR, list[tuple[str, ir.IR]]]:
+    """``x`` with its largest arithmetic subexpressions that do not read ``v`` replaced by ``ir.Bound``
+    names, and the (name, subexpression) pairs to compute before a loop over ``v``. Only operands the C
+    text always evaluates are hoisted (nothing under a select, gather, reduction, integer modulo or a
+    product with a bool), so hoisting never evaluates anything the loop would not."""
+    hoisted: list[tuple[str, ir.IR]] = []
+    memo: dict[int, ir.IR] = {}
+
+    def visit(y: ir.IR) -> ir.IR:
+        if id(y) in memo:
+            return memo[id(y)]
+        out = y
+        if isinstance(y, (ir.Alu, ir.Cast, ir.Bytes)) and v not in ir.ir_vars(y) and y.dtype.is_float:
+            name = f"{prefix}{len(hoisted)}"
+            hoisted.append((name, y))
+            out = ir.Bound(name, y.dtype)
+        elif isinstance(y, ir.Alu) and not _conditional(y):
+            args = tuple(visit(a) for a in y.args)
+            out = y if all(a is b for a, b in zip(args, y.args)) else replace(y, args=args)
+        elif isinstance(y, ir.Cast):
+            arg = visit(y.arg)
+            out = y if arg is y.arg else replace(y, arg=arg)
+        memo[id(y)] = out
+        return out
+    return visit(x), hoisted
+
+
+def _conditional(x: ir.Alu) -> bool:
+    """Whether the C text evaluates an operand of ``x`` only under a condition (see render.operands)."""
+    bools = [a.dtype.kind == "b" for a in x.args]
+    return (x.op is Op.MOD and not x.dtype.is_float) or (x.op is Op.MUL and bools[0] != bools[1])

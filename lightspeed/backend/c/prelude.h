@@ -29,6 +29,14 @@ static inline float ls_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return
 static inline uint32_t ls_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 
 static inline float ls_bf16_to_f32(uint16_t h) { return ls_bits_f32((uint32_t)h << 16); }
+/* the float16 stored little-endian at p (any alignment), exactly: the magnitude's bits moved into float32
+ * position and scaled by 2**112 (normals and subnormals alike), infinities and NaN set apart */
+static inline float ls_f16_at(const uint8_t *p) {
+    const uint32_t h = (uint32_t)p[0] | ((uint32_t)p[1] << 8), mag = h & 0x7fffu;
+    const float f = mag >= 0x7c00u ? ls_bits_f32(0x7f800000u | ((mag & 0x3ffu) << 13))
+                                   : ls_bits_f32(mag << 13) * 0x1p112f;
+    return ls_bits_f32(ls_f32_bits(f) | ((h & 0x8000u) << 16));
+}
 static inline uint16_t ls_f32_to_bf16(float f) {
     uint32_t u = ls_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  /* NaN */

@@ -28,6 +28,7 @@ from .cse import Cse, is_node, sym_c
 from .gemm import inner_var, render_gemm, vector_helpers
 from .target import host_target
 from .ctext import float_literal
+from .matvec import blocked_form, render_matvec
 from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h", "hgemm.h"))
@@ -67,6 +68,43 @@ def compute_type(d: dt.DType) -> str:
     if d is dt.bool_:
         return "int"
     return STORAGE[d]
+
+
+WHOLE_LIMIT = 1 << 24  # float32 holds every whole number up to this exactly
+
+
+def whole_range(x: ir.IR) -> tuple[int, int] | None:
+    """(lo, hi) when float value ``x`` is a whole number in [lo, hi] with 0 <= lo and hi < 2**24 at every
+    index, and so is every float value it is computed from (so none of them is -0.0), else None: casts of
+    unsigned or bounded integers, non-negative whole constants, and sums, products and modulos of such
+    values (a modulo by a constant c >= 1 lies in [0, c - 1])."""
+    if isinstance(x, ir.Const):
+        v = x.value
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer() and 0 <= v < WHOLE_LIMIT
+        return (int(v), int(v)) if ok and math.copysign(1.0, float(v)) > 0 else None
+    if isinstance(x, ir.Cast) and not x.arg.dtype.is_float:
+        src = x.arg.dtype
+        if src is dt.bool_:
+            return (0, 1)
+        lo, hi = (0, 2 ** (8 * src.itemsize) - 1) if src.kind == "u" else (None, None)
+        if lo is None or hi >= WHOLE_LIMIT:
+            return None
+        return (lo, hi)
+    if isinstance(x, ir.Alu) and x.dtype.is_float and x.op in (Op.ADD, Op.MUL, Op.MOD):
+        r = [whole_range(a) for a in x.args]
+        if None in r:
+            return None
+        (alo, ahi), (blo, bhi) = r
+        if x.op is Op.ADD:
+            lo, hi = alo + blo, ahi + bhi
+        elif x.op is Op.MUL:
+            lo, hi = alo * blo, ahi * bhi
+        else:
+            if blo < 1:
+                return None
+            lo, hi = 0, min(ahi, bhi - 1)
+        return (lo, hi) if hi < WHOLE_LIMIT else None
+    return None
 
 
 class KernelRenderer:
@@ -193,6 +231,10 @@ class KernelRenderer:
             return self.round16(self.reduce(x), x.dtype)
         if isinstance(x, ir.Gather):
             return self.gather(x)
+        if isinstance(x, ir.Bound):
+            return x.name
+        if isinstance(x, ir.Bytes):  # float16 bytes: one conversion (F16C where there is one)
+            return f"ls_f16_at({self.buf(x.buf)} + ({self.idx(x.offset)}))"
         raise NotImplementedError(f"C renderer: {type(x).__name__}")
 
     @staticmethod
@@ -235,6 +277,10 @@ class KernelRenderer:
                 return f"(({a[1]}) ? ({a[0]}) : {self.zero(d)})"
         if op is Op.MOD:
             if d.is_float:
+                if d is dt.float32 and whole_range(x) is not None:
+                    # both operands are whole numbers >= 0 (a byte of a quantized block, say): the integer
+                    # remainder is fmodf's exact value, and it vectorises (fmodf is a libm call)
+                    return f"((float)((uint32_t)({a[0]}) % (uint32_t)({a[1]})))"
                 return f"fmodf({a[0]}, {a[1]})"
             t = compute_type(d)
             # x % 0 is 0 (as in the reference) and x % -1 is 0 (INT_MIN % -1 would trap)
@@ -316,12 +362,25 @@ class KernelRenderer:
             form = match_matmul(k.value, k.loop_vars)
             if form is None:
                 raise ValueError(f"kernel {k.name}: kind 'gemm' but its value is not matmul-like")
-            # few rows: the plain loop form, vectorised along whichever axis b reads contiguously
-            small_kind = "tiled" if inner_var(form.b, k.loop_vars[form.n], form.reduce.var) is k.loop_vars[form.n] \
-                else "loop"
-            small = self.loop_kernel(k if small_kind == "tiled" else self.blocked_reductions(k), small_kind)
-            return render_gemm(self, k, k.schedule or gemm_schedule(self.target), form, small, dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
-        return self.loop_kernel(self.blocked_reductions(k) if k.kind == "loop" else k, k.kind)
+            small = self.few_rows(k, form)
+            return render_gemm(self, k, k.schedule or gemm_schedule(self.target), form, small,
+                               dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
+        if k.kind == "loop":
+            form = match_matmul(k.value, k.loop_vars)  # a matmul too small for a gemm kernel (a matvec)
+            if form is not None:
+                return self.few_rows(k, form)
+            return self.loop_kernel(self.blocked_reductions(k), k.kind)
+        return self.loop_kernel(k, k.kind)
+
+    def few_rows(self, k: ir.Kernel, form) -> tuple[str, str]:
+        """A matmul-like kernel for calls with few rows: blocked dot products (matvec.py) when b is read along
+        k, else the tiled loop form, vectorised along n."""
+        if inner_var(form.b, k.loop_vars[form.n], form.reduce.var) is k.loop_vars[form.n]:
+            return self.loop_kernel(k, "tiled")
+        blocks = blocked_form(form, k)
+        if blocks is None:
+            return self.loop_kernel(self.blocked_reductions(k), "loop")
+        return render_matvec(self, k, form, blocks, dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
 
     @staticmethod
     def blocked_reductions(k: ir.Kernel) -> ir.Kernel:
