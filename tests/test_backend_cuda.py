@@ -64,6 +64,7 @@ def test_tiny_llama_kernels_compile_to_sm90_cubins(tmp_path) -> None:
     results = compile_cubins(outputs, arch="sm_90")
     _check_cubins(results)
     assert len(results) >= 8  # norms, projections, rotary, attention, MLP, logits
+    assert any("LS_SHARED" in source for _, source, _ in results)  # projections as tiled gemm kernels
 
 
 def test_float16_and_bfloat16_kernels_compile() -> None:

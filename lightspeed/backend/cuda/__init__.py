@@ -87,7 +87,7 @@ class CudaBackend:
             if id(b) not in self._mem:
                 self._mem[id(b)] = dev.alloc(b.nbytes)
         self._arena = dev.alloc(max(plan.arena_bytes, 64))
-        self._steps = []  # (function, work items, argument values, argument address array)
+        self._steps = []  # (function, work items, argument values, argument address array, block size)
         for launch in self.gpu.kernels:
             fn = dev.function(self._module, launch.function)
             values = []
@@ -96,7 +96,7 @@ class CudaBackend:
                 values += [np.array([int(base)], np.uint64), np.array([off], np.int64)]
             values += [np.zeros(1, np.int64) for _ in range(1 + len(plan.dims))]  # n_items, dims: set per run
             addresses = np.array([v.ctypes.data for v in values], np.uint64)
-            self._steps.append((fn, launch.items, values, addresses))
+            self._steps.append((fn, launch.items, values, addresses, launch.block or self.block))
         dev.synchronize()
 
     def run(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
@@ -111,7 +111,7 @@ class CudaBackend:
             keep.append(a)
             dev.upload(self._mem[id(b)], a)
         dims = [int(env[v.name]) for v in plan.dims]
-        for fn, items, values, addresses in self._steps:
+        for fn, items, values, addresses, block in self._steps:
             n = int(sym.evaluate(items, env))
             if n <= 0:
                 continue
@@ -120,7 +120,7 @@ class CudaBackend:
             for i, d in enumerate(dims):
                 values[k + 1 + i][0] = d
             # cuLaunchKernel copies the argument values, and each launch has its own
-            dev.launch(fn, (n + self.block - 1) // self.block, self.block, addresses)
+            dev.launch(fn, (n + block - 1) // block, block, addresses)
         outs = []
         for b in plan.outputs:
             if b.kind == "input":  # a donated input updated in place: the caller's array receives it

@@ -1,10 +1,11 @@
 """Render a KernelPlan as GPU kernels: one kernel function per plan kernel, in OpenCL C or CUDA C.
 
-Schedule (the first one): every output element is one work item. A kernel's output axes are flattened into
-one global range of ``items`` work items (rounded up to whole work groups; the extra ones return at once),
-and a work item unravels its index into the loop variables. Inner reductions and gathers are loops and
-guarded blocks inside the work item, so a "tiled" or "gemm" kernel of the C backend is here a plain
-per-output reduction loop. Kernels that render to the same text share one function.
+Schedules: every output element is one work item. A kernel's output axes are flattened into one global
+range of ``items`` work items (rounded up to whole work groups; the extra ones return at once), and a work
+item unravels its index into the loop variables. Inner reductions and gathers are loops and guarded blocks
+inside the work item, so a "tiled" kernel is a plain per-output reduction loop. A "gemm" kernel instead
+computes a tile of outputs per work group from panels in local memory (gemm.py). Kernels that render to
+the same text share one function.
 
 The semantics follow the C renderer (backend/c/render.py) and so the reference backend: 16-bit floats
 are computed in float and rounded after every op, float -> int casts saturate (NaN -> 0), integer
@@ -26,9 +27,11 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan
 from ...kernel.ir import dense_offset, loop_var
+from ...kernel.matmul_form import match_matmul
 from ...ops import Op
 from .dialect import F2I, Dialect
 from .emit import Emitter
+from .gemm import render_gemm
 
 STORAGE = {
     dt.float32: "float", dt.float16: "ls_u16", dt.bfloat16: "ls_u16", dt.int8: "ls_i8", dt.uint8: "ls_u8",
@@ -65,6 +68,7 @@ class GpuKernel:
     function: str
     buffers: list[ir.Buffer]
     items: sym.sint
+    block: int | None = None  # work-group size the function needs (None: the launcher's choice)
 
 
 @dataclass
@@ -106,8 +110,9 @@ def _ir_key(x: ir.IR, memo: dict) -> tuple:
 class KernelRenderer:
     """Renders the IR of one plan kernel as statements of ``Emitter`` (a fresh renderer per kernel)."""
 
-    def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel):
+    def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel, tiled_gemm: bool = True):
         self.dialect = dialect
+        self.tiled_gemm = tiled_gemm  # gemm kernels under the tile schedule (gemm.py), else plain loops
         self.plan = plan
         self.kernel = k
         self.em = Emitter(dialect, list(plan.dims))
@@ -296,20 +301,39 @@ class KernelRenderer:
         return name
 
     # the kernel function -------------------------------------------------------------------------------
-    def function(self) -> tuple[str, sym.sint]:
-        """(the kernel function's text, named ``KFN``; the number of work items it runs over)."""
+    def declare_buffers(self) -> None:
+        """Typed pointers to the kernel's buffers (each argument is a byte pointer and a byte offset)."""
+        for i, b in enumerate(self.buffers):
+            qual = "" if b is self.kernel.out else "const "
+            t = STORAGE[b.dtype]
+            self.em.line(f"LS_GLOBAL {qual}{t} *{self.buf(b)} = (LS_GLOBAL {qual}{t} *)(p{i} + o{i});")
+
+    def finish(self) -> str:
+        """The kernel function (named ``KFN``) around the statements written so far."""
+        params = []
+        for i, b in enumerate(self.buffers):
+            qual = "" if b is self.kernel.out else "const "
+            params.append(f"LS_GLOBAL {qual}ls_u8 *p{i}, const ls_i64 o{i}")
+        params.append("const ls_i64 n_items")
+        params += [f"const ls_i64 D_{v.name}" for v in self.plan.dims]
+        return "LS_KERNEL KFN(" + ", ".join(params) + ") {\n" + "\n".join(self.em.lines) + "\n}\n"
+
+    def function(self) -> tuple[str, sym.sint, int | None]:
+        """(the kernel function's text, named ``KFN``; the number of work items it runs over; its work-group
+        size, None for the dialect's default)."""
         k, em = self.kernel, self.em
         if k.kind not in LOOP_KINDS:
             raise NotImplementedError(f"GPU renderer: kernel {k.name} is a lowered {k.kind!r} kernel; "
                                       "form the plan with use_templates=False")
+        if k.kind == "gemm" and self.tiled_gemm:
+            form = match_matmul(k.value, k.loop_vars)
+            if form is not None:
+                return render_gemm(self, form)
         shape, vars_ = list(k.shape), list(k.loop_vars)
         items = sym.prod(shape) if shape else 1
         em.line("const ls_i64 gid = LS_GLOBAL_ID;")
         em.line("if (gid >= n_items) return;")
-        for i, b in enumerate(self.buffers):
-            qual = "" if b is k.out else "const "
-            t = STORAGE[b.dtype]
-            em.line(f"LS_GLOBAL {qual}{t} *{self.buf(b)} = (LS_GLOBAL {qual}{t} *)(p{i} + o{i});")
+        self.declare_buffers()
         if vars_:
             em.line("ls_i64 rest = gid;")
         for pos in range(len(vars_) - 1, -1, -1):
@@ -326,14 +350,7 @@ class KernelRenderer:
             off = em.sym(dense_offset(vars_, shape)) if shape else "0"
             value = self.expr(k.value)
             em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
-        params = []
-        for i, b in enumerate(self.buffers):
-            qual = "" if b is k.out else "const "
-            params.append(f"LS_GLOBAL {qual}ls_u8 *p{i}, const ls_i64 o{i}")
-        params.append("const ls_i64 n_items")
-        params += [f"const ls_i64 D_{v.name}" for v in self.plan.dims]
-        text = "LS_KERNEL KFN(" + ", ".join(params) + ") {\n" + "\n".join(em.lines) + "\n}\n"
-        return text, items
+        return self.finish(), items, None
 
     def scatter_body(self) -> None:
         """Write ``value`` at the row the scatter index names (rows out of range write nothing)."""
@@ -351,22 +368,24 @@ class KernelRenderer:
             em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
 
 
-def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect) -> tuple[str, list[ir.Buffer], sym.sint]:
-    """(function text named ``KFN``, its buffers in argument order, its work items) of plan kernel ``k``."""
-    r = KernelRenderer(plan, dialect, k)
-    text, items = r.function()
-    return text, r.buffers, items
+def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect, tiled_gemm: bool = True
+                  ) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
+    """(function text named ``KFN``, its buffers in argument order, its work items, its work-group size or
+    None) of plan kernel ``k``."""
+    r = KernelRenderer(plan, dialect, k, tiled_gemm)
+    text, items, block = r.function()
+    return text, r.buffers, items, block
 
 
-def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k") -> GpuProgram:
+def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k", tiled_gemm: bool = True) -> GpuProgram:
     """Every kernel of ``plan`` as functions of ``dialect`` (equal texts share one function) and the
-    launches in plan order."""
+    launches in plan order; ``tiled_gemm=False`` renders gemm kernels as plain per-output loops."""
     by_text: dict[str, str] = {}
     launches = []
     for k in plan.kernels:
-        text, buffers, items = render_kernel(plan, k, dialect)
+        text, buffers, items, block = render_kernel(plan, k, dialect, tiled_gemm)
         name = by_text.setdefault(text, f"{prefix}{len(by_text)}")
-        launches.append(GpuKernel(k.name, name, buffers, items))
+        launches.append(GpuKernel(k.name, name, buffers, items, block))
     functions = {name: text.replace("KFN", name) for text, name in by_text.items()}
     source = dialect.prelude() + "\n" + "\n".join(functions.values())
     return GpuProgram(dialect, source, functions, launches)

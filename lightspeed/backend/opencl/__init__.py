@@ -64,7 +64,7 @@ class OpenCLBackend:
                 self._bufs[id(b)] = cl.Buffer(self.context, mf.READ_WRITE, max(b.nbytes, 1))
         self.arena_bytes = plan.arena_bytes
         self._arena = cl.Buffer(self.context, mf.READ_WRITE, max(plan.arena_bytes, 64))
-        self._steps = []  # (kernel object, work items expression, index of its n_items argument)
+        self._steps = []  # (kernel object, work items expression, index of its n_items argument, group size)
         for launch in self.gpu.kernels:
             kern = cl.Kernel(self._cl, launch.function)
             for i, b in enumerate(launch.buffers):
@@ -74,7 +74,7 @@ class OpenCLBackend:
                 else:
                     kern.set_arg(2 * i, self._bufs[id(b)])
                     kern.set_arg(2 * i + 1, np.int64(0))
-            self._steps.append((kern, launch.items, 2 * len(launch.buffers)))
+            self._steps.append((kern, launch.items, 2 * len(launch.buffers), launch.block or self.block))
         self._dim_names = [v.name for v in plan.dims]
 
     def run(self, inputs: dict[str, np.ndarray], env: dict[str, int]) -> list[np.ndarray]:
@@ -85,15 +85,15 @@ class OpenCLBackend:
             if a.nbytes:
                 cl.enqueue_copy(q, self._bufs[id(b)], a, is_blocking=False)
         dims = [np.int64(env[n]) for n in self._dim_names]
-        for kern, items, at in self._steps:
+        for kern, items, at, block in self._steps:
             n = int(sym.evaluate(items, env))
             if n <= 0:
                 continue
             kern.set_arg(at, np.int64(n))
             for i, d in enumerate(dims):
                 kern.set_arg(at + 1 + i, d)
-            groups = (n + self.block - 1) // self.block
-            cl.enqueue_nd_range_kernel(q, kern, (groups * self.block,), (self.block,))
+            groups = (n + block - 1) // block
+            cl.enqueue_nd_range_kernel(q, kern, (groups * block,), (block,))
         outs = []
         for b in plan.outputs:
             if b.kind == "input":  # a donated input updated in place: the caller's array receives it
