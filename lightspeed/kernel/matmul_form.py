@@ -33,14 +33,16 @@ class MatmulForm:
 
 
 def _nested(x: ir.IR) -> bool:
-    return any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.walk())
+    """Whether ``x`` holds an inner reduction (packing evaluates a factor once per element, so a reduction
+    inside one would be redone for every element; a gather is one lookup and stays)."""
+    return any(isinstance(y, ir.Reduce) for y in x.walk())
 
 
 def match_matmul(value: ir.IR, loop_vars: tuple[sym.Var, ...]) -> MatmulForm | None:
     """The matmul form of a kernel computing ``value`` over ``loop_vars``, or None.
 
-    Only float32 sums whose factors hold no inner reduction or gather are taken (their packing loops
-    evaluate each factor once per element), with the contiguous last output axis as ``n``."""
+    Only float32 sums whose factors hold no inner reduction are taken (packing loops evaluate each factor
+    once per element), with the contiguous last output axis as ``n``."""
     if not isinstance(value, ir.Reduce) or value.op is not Op.SUM_REDUCE or value.dtype is not dt.float32:
         return None
     if len(loop_vars) < 2:

@@ -39,9 +39,12 @@ def substitute(x: ir.IR, mapping: dict, memo: dict | None = None) -> ir.IR:
         y = replace(x, arg=substitute(x.arg, mapping, memo))
     elif isinstance(x, ir.Select):
         y = replace(x, valid=sym.to_expr(x.valid).substitute(mapping), value=substitute(x.value, mapping, memo))
-    elif isinstance(x, ir.Const):
+    elif isinstance(x, (ir.Const, ir.Bound)):
         y = x
-    else:  # reductions and gathers bind variables of their own: not split (see split_inner)
+    elif isinstance(x, ir.Gather) and x.var not in mapping:
+        y = replace(x, index=substitute(x.index, mapping, memo), rows=sym.to_expr(x.rows).substitute(mapping),
+                    body=substitute(x.body, mapping, memo))
+    else:  # reductions bind variables of their own: not split (see split_inner)
         raise TypeError(f"loop_split.substitute: {type(x).__name__} is not handled")
     memo[id(x)] = y
     return y
