@@ -6,7 +6,11 @@ For each model it prints the median time of one forward call for the three, the 
 never fail anything.
 
     python benchmarks/torch_zoo.py [--models mlp,cnn,...] [--batch 4] [--seq 64] [--runs 20] [--dynamic]
-                                   [--threads N]
+                                   [--threads N] [--hidden 384 --layers 4]
+
+``--hidden``/``--layers`` build the Llama, GPT-2 and BERT models at that width and depth (64-wide heads,
+Llama with a third as many KV heads, FFN 4x hidden for GPT-2/BERT and 8/3x for Llama) instead of the test
+suite's tiny ones. The last line is the geometric mean of inductor / Lightspeed over the models run.
 
 ``--threads`` sets both PyTorch's and Lightspeed's thread counts (on a busy machine, 1 thread
 gives the least distorted comparison: oversubscribed thread pools degrade unevenly).
@@ -20,6 +24,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -47,8 +52,36 @@ def _compile_and_time(model, kwargs, runs: int, **compile_kwargs) -> tuple[float
     return max(first - steady, 0.0), steady, out
 
 
-def bench(name: str, batch: int, seq: int, runs: int, dynamic: bool) -> dict:
-    model, make = ZOO[name]()
+def sized_transformers(hidden: int, layers: int) -> dict:
+    """Builders of the Llama, GPT-2 and BERT models at ``hidden`` width and ``layers`` depth (random
+    weights; the inputs are the test zoo's)."""
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    heads = max(1, hidden // 64)
+
+    def llama():
+        torch.manual_seed(3)
+        cfg = LlamaConfig(vocab_size=96, hidden_size=hidden, intermediate_size=(8 * hidden // 3 + 63) // 64 * 64,
+                          num_hidden_layers=layers, num_attention_heads=heads,
+                          num_key_value_heads=max(1, heads // 3), max_position_embeddings=512,
+                          attn_implementation="sdpa")
+        return LlamaForCausalLM(cfg).eval(), ZOO["llama"]()[1]
+
+    def gpt2():
+        torch.manual_seed(4)
+        cfg = GPT2Config(vocab_size=96, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=512,
+                         bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
+        return GPT2LMHeadModel(cfg).eval(), ZOO["gpt2"]()[1]
+
+    def bert():
+        torch.manual_seed(5)
+        cfg = BertConfig(vocab_size=96, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                         intermediate_size=4 * hidden, max_position_embeddings=512, attn_implementation="sdpa")
+        return BertModel(cfg).eval(), ZOO["bert"]()[1]
+    return {"llama": llama, "gpt2": gpt2, "bert": bert}
+
+
+def bench(name: str, batch: int, seq: int, runs: int, dynamic: bool, zoo: dict = ZOO) -> dict:
+    model, make = zoo[name]()
     kwargs = make(batch, seq)
     with torch.no_grad():
         ref = main_output(model(**kwargs))
@@ -68,7 +101,12 @@ def main(argv=None) -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
     ap.add_argument("--threads", type=int, default=0, help="threads for PyTorch and Lightspeed (0: defaults)")
+    ap.add_argument("--hidden", type=int, default=0, help="width of the transformer models (0: the tests' tiny ones)")
+    ap.add_argument("--layers", type=int, default=4, help="their depth with --hidden (default 4)")
     args = ap.parse_args(argv)
+    zoo = dict(ZOO)
+    if args.hidden:
+        zoo.update(sized_transformers(args.hidden, args.layers))
     warnings.filterwarnings("ignore")
     if args.threads:
         from lightspeed.backend.c import set_num_threads
@@ -78,17 +116,22 @@ def main(argv=None) -> None:
           f"dynamic={args.dynamic}")
     head = (f"{'model':14s} {'eager ms':>9s} {'ls ms':>8s} {'ind ms':>8s} {'eager/ls':>9s} {'ind/ls':>7s} "
             f"{'ls comp s':>9s} {'ind comp s':>10s} {'max err':>8s}")
-    print(head)
+    print(head + (f"   (transformers: hidden {args.hidden}, {args.layers} layers)" if args.hidden else ""))
+    ratios = []
     for name in args.models.split(","):
         try:
-            r = bench(name, args.batch, args.seq, args.runs, args.dynamic)
+            r = bench(name, args.batch, args.seq, args.runs, args.dynamic, zoo)
         except Exception as e:  # noqa: BLE001  (report and continue with the next model)
             print(f"{name:14s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue
         print(f"{r['model']:14s} {r['eager_ms']:9.2f} {r['lightspeed_ms']:8.2f} {r['inductor_ms']:8.2f} "
               f"{r['eager_ms'] / r['lightspeed_ms']:9.2f} {r['inductor_ms'] / r['lightspeed_ms']:7.2f} "
               f"{r['lightspeed_compile_s']:9.1f} {r['inductor_compile_s']:10.1f} {r['max_abs_err']:8.1e}")
+        ratios.append(r["inductor_ms"] / r["lightspeed_ms"])
     print("ratios > 1 mean Lightspeed is faster")
+    if ratios:
+        geo = float(np.exp(np.mean(np.log(ratios))))
+        print(f"geometric mean inductor/lightspeed over {len(ratios)} models: {geo:.2f}x (lowest {min(ratios):.2f}x)")
 
 
 if __name__ == "__main__":

@@ -25,13 +25,17 @@ class Target:
         return max(self.vector_bytes // 4, 1)
 
 
-def gemm_schedule(target: Target) -> Schedule:
-    """The default schedule of a float32 matmul-like kernel on ``target``."""
+def gemm_schedule(target: Target, columns: int | None = None) -> Schedule:
+    """The default schedule of a float32 matmul-like kernel on ``target``; ``columns``: its output width when
+    static (a narrow product, e.g. a convolution with few output channels, gets a narrower register block
+    with more rows)."""
     w = target.float_lanes
     # vectors of b per row: 4 with 32 registers (6 x 64 on AVX-512 measured 1.13x faster than 12 x 32: fewer
     # broadcasts per FMA), else 2 (6 x 16 on AVX2); the rows' accumulators, the b vectors and a broadcast
     # must fit the register file
     nv = 4 if target.vector_registers >= 32 else 2
+    if columns is not None:
+        nv = max(1, min(nv, -(-columns // w)))
     nr = nv * w
     mr = max(1, min((target.vector_registers - nv - 1) // nv, 12))
     kc = _round_down(target.l1_bytes // (nr * 4), 16, lo=64, hi=512)  # a panel of b about fills L1

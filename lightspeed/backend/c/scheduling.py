@@ -9,7 +9,9 @@ from typing import Callable
 
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan
+from ... import symbolic as sym
 from ...kernel.heuristics import Target, gemm_schedule
+from ...kernel.matmul_form import match_matmul
 from ...kernel.schedule import Schedule
 from .gemm import gemm_sizes
 from .target import host_target
@@ -22,10 +24,13 @@ def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: Sch
     """Set ``schedule`` on every gemm kernel of ``plan`` (in place; returns the plan): ``choose(kernel)`` when
     it gives one (validated: a schedule that cannot apply raises ScheduleError naming the kernel), else the
     default for ``target`` (the host when None)."""
-    default = gemm_schedule(target or host_target())
+    target = target or host_target()
     for k in plan.kernels:
         if k.kind != "gemm":
             continue
+        form = match_matmul(k.value, k.loop_vars)
+        width = k.shape[form.n] if form is not None else None
+        default = gemm_schedule(target, int(width) if width is not None and sym.is_const(width) else None)
         chosen = choose(k) if choose is not None else None
         if chosen is not None:
             try:
