@@ -12,7 +12,8 @@ from lightspeed.graph import Program
 from lightspeed.kernel import form_kernels
 from lightspeed.quant import QType
 from lightspeed.quant.decode_graph import dequant_matrix_graph
-from lightspeed.search import CostModel, cost, search_graph, validate_program
+from lightspeed.search import CostModel, search_graph, validate_program
+from lightspeed.search import calibration as cost
 from lightspeed.search import knobs as K
 from lightspeed.search.lowering import choose_lowerings, find_alternatives
 

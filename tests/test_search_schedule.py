@@ -168,8 +168,8 @@ def test_compile_with_search_option(monkeypatch):
 def test_level_two_uses_the_e_graph(monkeypatch):
     """search=2 runs the e-graph with rounding rules (here: x*a + x*b -> x*(a+b)) before the schedules."""
     pytest.importorskip("egglog")
-    from lightspeed.search import cost
-    monkeypatch.setattr(cost, "calibrate", lambda: cost.CostModel())  # not the one-off measurement here
+    from lightspeed.search import calibration, cost
+    monkeypatch.setattr(calibration, "calibrate", lambda: cost.CostModel())  # not the one-off measurement here
     monkeypatch.setattr(K, "configurations", lambda level: [{}, {"TILE": 32}])
     g = ls.Graph()
     x, a, b = (g.input(n, (64, 64)) for n in "xab")

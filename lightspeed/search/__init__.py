@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .check import outputs_agree, random_inputs, sample_dims, validate_program
-from .cost import CostModel, calibrate, program_cost
+from .calibration import calibrate
+from .cost import CostModel, program_cost
 from .graph_search import GraphSearchResult, search_graph
 from .lowering import choose_lowerings, find_alternatives
 

@@ -84,7 +84,8 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
 def _model():
     """The calibrated cost model (measured once per machine, then read from the cache)."""
     from ..backend.c.compiler import CompilerError
-    from .cost import CostModel, calibrate
+    from .calibration import calibrate
+    from .cost import CostModel
     try:
         return calibrate()
     except CompilerError:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..graph import ArrayConst, Node, Program
 from ..ops import REDUCE, Op
-from .cost import OP_FLOPS, CostModel, numel
+from .cost import OP_FLOPS, CostModel, numel, program_cost
 
 
 @dataclass(eq=False)
@@ -106,7 +106,6 @@ def find_alternatives(program: Program) -> list[Alternative]:
 
 def lowered_program_cost(program: Program, model: CostModel, alternatives: list[Alternative]) -> float:
     """``cost.program_cost`` of ``program`` when ``alternatives`` replace their regions."""
-    from .cost import program_cost
     replaced: set[int] = set()
     for a in alternatives:
         replaced |= a.region
