@@ -15,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from .. import dtypes as dt
 from .. import symbolic as sym
 from ..graph import ArrayConst, Node, Program
-from ..ops import BINARY, ELEMENTWISE, REDUCE, UNARY, Op
+from ..ops import BINARY, REDUCE, UNARY, Op
 from ..shape import ShapeTracker, unravel
+from ..symbolic import sint
 from . import ir
 from .ir import coefficient, dense_offset, loop_var
 from .matmul_form import match_matmul

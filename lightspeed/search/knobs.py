@@ -3,9 +3,9 @@
 A gemm kernel's knobs edit its own schedule (``kernel.schedule``: tile sizes and the unroll of k), so
 nothing global changes. The older kinds still have knobs that are module-level constants of a C
 renderer (``render.TILE``, ``attention.ROWS``, ...), read when a kernel renders, so rendering one kernel
-inside ``override(knobs)`` renders it with other values. Which knobs apply depends on the kernel's schedule: a tiled reduction
-has a tile width and a row block, the streaming attention a query block and a key block; the
-quantized matmul template is left alone (its decode helpers assume its row block).
+inside ``override(knobs)`` renders it with other values. Which knobs apply depends on the kernel's kind:
+a tiled reduction has a tile width and a row block, the streaming attention a query block and a key
+block; the quantized matmul template is left alone (its decode helpers assume its row block).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.ir import loop_var
 from ...kernel.matmul_form import MatmulForm
-from ...kernel.schedule import Pack, Register, Schedule, ScheduleError, Tile, Unroll, Vectorize
+from ...kernel.schedule import Register, Schedule, ScheduleError, Tile, Unroll, Vectorize
 from .loop_split import block_split, hoist_invariants
 
 AXES = ("m", "n", "k")
@@ -32,7 +32,8 @@ def gemm_sizes(s: Schedule) -> dict[str, int]:
            "MR": s.size(Register, "m", 6), "NR": s.size(Register, "n", 16), "W": s.size(Vectorize, "n", 8),
            "U": s.size(Unroll, "k", 1)}
     if out["NR"] % out["W"]:
-        raise ScheduleError(f"gemm schedule: Register('n', {out['NR']}) is not a multiple of Vectorize('n', {out['W']})")
+        raise ScheduleError(f"gemm schedule: Register('n', {out['NR']}) is not a multiple of "
+                            f"Vectorize('n', {out['W']})")
     if out["MC"] % out["MR"] or out["NC"] % out["NR"]:
         raise ScheduleError(f"gemm schedule: tiles {out['MC']}x{out['NC']} are not multiples of the register "
                             f"block {out['MR']}x{out['NR']}")
@@ -154,7 +155,8 @@ def vector_helpers(widths) -> str:
     out = [TILES_HELPER]
     for w in sorted(set(widths)):
         out += [f"typedef float ls_vf{w} __attribute__((vector_size({4 * w})));",
-                f"static inline ls_vf{w} ls_vload{w}(const float *p) {{ ls_vf{w} v; memcpy(&v, p, sizeof v); return v; }}",
+                f"static inline ls_vf{w} ls_vload{w}(const float *p) "
+                f"{{ ls_vf{w} v; memcpy(&v, p, sizeof v); return v; }}",
                 f"static inline void ls_vstore{w}(float *p, ls_vf{w} v) {{ memcpy(p, &v, sizeof v); }}"]
     return "\n".join(out) + "\n"
 
@@ -231,7 +233,7 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
               "        }",
               "    }", "}"]
     small_fn, small_call = small
-    work = f"M * N * K"
+    work = "M * N * K"
     call = (f"    {{ const int64_t M = {M}, N = {N}, K = {K};\n"
             f"      if (M * 2 < {MR} || K == 0) {{\n{small_call.replace('KFN', 'KFN_small')}\n      }} else {{\n"
             f"      ls_gemm_launch g = {{*lp, 0, 0}};\n"

@@ -76,8 +76,8 @@ def render_matvec(r, k: ir.Kernel, form: MatmulForm, blocks: tuple, dense: sym.s
               "                }"]
     for t, v in enumerate(rows):
         off = r.idx(sym.to_expr(dense).substitute({nvar: v}))
-        lines += [f"                if (j0 + {t} < N) {{ float s = 0.0f; for (int e = 0; e < {c}; e++) s += acc[{t}][e]; "
-                  f"{r.buf(k.out)}[{off}] = s; }}"]
+        lines += [f"                if (j0 + {t} < N) {{ float s = 0.0f; "
+                  f"for (int e = 0; e < {c}; e++) s += acc[{t}][e]; {r.buf(k.out)}[{off}] = s; }}"]
     lines += ["            }", "        }", "    }", "}"]
     B = r.idx(sym.prod([shape[i] for i in others])) if others else "1"
     call = (f"    {{ const int64_t N = {N}; const int64_t n = ({B}) * ((N + {ITEM - 1}) / {ITEM});\n"
