@@ -139,9 +139,11 @@ static inline void ls_gemm_tiles(int64_t B, int64_t M, int64_t N, int64_t MC, in
                                  int64_t *mt, int64_t *nt) {
     const int64_t want = 3 * (int64_t)ls_get_num_threads();
     int64_t mc = ls_min(MC, (M + MR - 1) / MR * MR), nc = ls_min(NC, (N + NR - 1) / NR * NR);
+    /* halve the longer side first: an item packs mc + nc panel rows per mc * nc outputs, least when square */
     while (B * ((M + mc - 1) / mc) * ((N + nc - 1) / nc) < want) {
-        if (mc >= 4 * MR && mc >= nc / 4) mc = (mc / 2 + MR - 1) / MR * MR;
+        if (mc >= nc && mc >= 2 * MR) mc = (mc / 2 + MR - 1) / MR * MR;
         else if (nc >= 2 * NR) nc = (nc / 2 + NR - 1) / NR * NR;
+        else if (mc >= 2 * MR) mc = (mc / 2 + MR - 1) / MR * MR;
         else break;
     }
     *mt = mc; *nt = nc;
