@@ -97,3 +97,14 @@ def test_op_cuda_on_device(case, symbolic: bool) -> None:
     if symbolic and not case.symbolic:
         pytest.skip("this case has no symbolic dims")
     run_case(case, "cuda", symbolic)
+
+
+def test_long_reductions_compile() -> None:
+    """Row reductions (a block per output, a tree in shared memory: backend/gpu/reduce.py)."""
+    g = ls.Graph()
+    k = ls.dim("k", 1, 4096)
+    x = g.input("x", (3, k))
+    i = g.input("i", (3, k), ls.int8)
+    results = compile_cubins([x.max(-1), x.sum(-1), i.sum(-1), x.softmax(-1)])
+    _check_cubins(results)
+    assert sum("part[lid]" in source for _, source, _ in results) >= 3

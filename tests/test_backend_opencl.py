@@ -136,3 +136,30 @@ def test_gemm_tiles_match_reference() -> None:
                       b=rng.standard_normal((3, 48, 20)).astype(np.float32))
         for k, (got, want) in enumerate(zip(prog(**arrays), ref(**arrays))):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"output {k}, seq={n}")
+
+
+# long reductions: a work group per output splitting the reduced axis (backend/gpu/reduce.py) --------------
+def test_row_reductions_match_reference() -> None:
+    import lightspeed as ls
+    k = ls.dim("k", 1, 1000)
+    g = ls.Graph()
+    x = g.input("x", (3, k))
+    h = g.input("h", (2, k), ls.float16)
+    i = g.input("i", (4, k), ls.int32)
+    outs = [x.sum(-1), x.max(-1), h.sum(-1), i.sum(-1), i.max(-1), x.softmax(-1)]
+    prog = g.compile(outs, backend=BACKEND)
+    assert sum(launch.block == 64 for launch in prog.executor.gpu.kernels) >= 5
+    ref = g.compile(outs, backend="reference")
+    rng = np.random.default_rng(0)
+    for n in (1, 63, 64, 65, 1000):  # fewer elements than work items, a partial last round, many rounds
+        xa = rng.standard_normal((3, n)).astype(np.float32)
+        xa[1, n // 2] = np.nan  # max propagates NaN through the tree
+        arrays = dict(x=xa, h=rng.standard_normal((2, n)).astype(np.float16),
+                      i=rng.integers(-2**31, 2**31 - 1, (4, n)).astype(np.int32))  # sums wrap
+        for j, (got, want) in enumerate(zip(prog(**arrays), ref(**arrays))):
+            if got.dtype.kind in "iu":
+                np.testing.assert_array_equal(got, want, err_msg=f"output {j}, k={n}")
+            else:
+                rtol = 2e-3 if got.dtype == np.float16 else 1e-5
+                np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=rtol, atol=1e-5,
+                                           err_msg=f"output {j}, k={n}")

@@ -7,7 +7,7 @@ names and the bit casts the float16 / bfloat16 conversions use. The helpers ever
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,7 +25,6 @@ class Dialect:
     fmod: str  # float remainder with C's fmod semantics (numpy's fmod)
     long_suffix: str  # suffix of a 64-bit integer literal
     block: int  # work items per work group / threads per block of a loop kernel
-    extra: dict = field(default_factory=dict)
 
     def prelude(self) -> str:
         """The text every program of this dialect starts with."""
@@ -35,8 +34,8 @@ class Dialect:
 _TYPES_OPENCL = """typedef char ls_i8; typedef uchar ls_u8; typedef short ls_i16; typedef ushort ls_u16;
 typedef int ls_i32; typedef uint ls_u32; typedef long ls_i64; typedef ulong ls_u64;
 """
-_TYPES_CUDA = """typedef signed char ls_i8; typedef unsigned char ls_u8; typedef short ls_i16; typedef unsigned short ls_u16;
-typedef int ls_i32; typedef unsigned int ls_u32; typedef long long ls_i64; typedef unsigned long long ls_u64;
+_TYPES_CUDA = """typedef signed char ls_i8; typedef unsigned char ls_u8;
+typedef short ls_i16; typedef unsigned short ls_u16; typedef int ls_i32; typedef unsigned int ls_u32; typedef long long ls_i64; typedef unsigned long long ls_u64;
 """
 
 OPENCL = Dialect(

@@ -4,8 +4,9 @@ Schedules: every output element is one work item. A kernel's output axes are fla
 range of ``items`` work items (rounded up to whole work groups; the extra ones return at once), and a work
 item unravels its index into the loop variables. Inner reductions and gathers are loops and guarded blocks
 inside the work item, so a "tiled" kernel is a plain per-output reduction loop. A "gemm" kernel instead
-computes a tile of outputs per work group from panels in local memory (gemm.py). Kernels that render to
-the same text share one function.
+computes a tile of outputs per work group from panels in local memory (gemm.py), and a kernel that is one
+long reduction gives each output a work group that splits the reduced axis (reduce.py). Kernels that
+render to the same text share one function.
 
 The semantics follow the C renderer (backend/c/render.py) and so the reference backend: 16-bit floats
 are computed in float and rounded after every op, float -> int casts saturate (NaN -> 0), integer
@@ -32,6 +33,7 @@ from ...ops import Op
 from .dialect import F2I, Dialect
 from .emit import Emitter
 from .gemm import render_gemm
+from .reduce import render_row_reduction, wants_row_reduction
 
 STORAGE = {
     dt.float32: "float", dt.float16: "ls_u16", dt.bfloat16: "ls_u16", dt.int8: "ls_i8", dt.uint8: "ls_u8",
@@ -110,16 +112,17 @@ def _ir_key(x: ir.IR, memo: dict) -> tuple:
 class KernelRenderer:
     """Renders the IR of one plan kernel as statements of ``Emitter`` (a fresh renderer per kernel)."""
 
-    def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel, tiled_gemm: bool = True):
+    def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel, tiled_gemm: bool = True,
+                 row_reductions: bool = True):
         self.dialect = dialect
         self.tiled_gemm = tiled_gemm  # gemm kernels under the tile schedule (gemm.py), else plain loops
+        self.row_reductions = row_reductions  # long reductions: a work group per output (reduce.py)
         self.plan = plan
         self.kernel = k
         self.em = Emitter(dialect, list(plan.dims))
         self.buffers = [k.out] + [b for b in k.reads if b is not k.out]
         self.slot = {id(b): i for i, b in enumerate(self.buffers)}
         self.keys: dict = {}
-        self.var_names: dict[str, int] = {}
 
     def local_name(self, v: sym.Var) -> str:
         """A per-kernel name for a loop variable (numbered in order of use: equal kernels render equally)."""
@@ -325,6 +328,8 @@ class KernelRenderer:
         if k.kind not in LOOP_KINDS:
             raise NotImplementedError(f"GPU renderer: kernel {k.name} is a lowered {k.kind!r} kernel; "
                                       "form the plan with use_templates=False")
+        if self.row_reductions and wants_row_reduction(k):
+            return render_row_reduction(self)
         if k.kind == "gemm" and self.tiled_gemm:
             form = match_matmul(k.value, k.loop_vars)
             if form is not None:
@@ -368,22 +373,24 @@ class KernelRenderer:
             em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
 
 
-def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect, tiled_gemm: bool = True
-                  ) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
+def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect, tiled_gemm: bool = True,
+                  row_reductions: bool = True) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
     """(function text named ``KFN``, its buffers in argument order, its work items, its work-group size or
     None) of plan kernel ``k``."""
-    r = KernelRenderer(plan, dialect, k, tiled_gemm)
+    r = KernelRenderer(plan, dialect, k, tiled_gemm, row_reductions)
     text, items, block = r.function()
     return text, r.buffers, items, block
 
 
-def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k", tiled_gemm: bool = True) -> GpuProgram:
+def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k", tiled_gemm: bool = True,
+                   row_reductions: bool = True) -> GpuProgram:
     """Every kernel of ``plan`` as functions of ``dialect`` (equal texts share one function) and the
-    launches in plan order; ``tiled_gemm=False`` renders gemm kernels as plain per-output loops."""
+    launches in plan order; ``tiled_gemm=False`` renders gemm kernels, ``row_reductions=False`` long
+    reductions, as plain per-output loops."""
     by_text: dict[str, str] = {}
     launches = []
     for k in plan.kernels:
-        text, buffers, items, block = render_kernel(plan, k, dialect, tiled_gemm)
+        text, buffers, items, block = render_kernel(plan, k, dialect, tiled_gemm, row_reductions)
         name = by_text.setdefault(text, f"{prefix}{len(by_text)}")
         launches.append(GpuKernel(k.name, name, buffers, items, block))
     functions = {name: text.replace("KFN", name) for text, name in by_text.items()}

@@ -1,0 +1,80 @@
+"""GPU schedule of long reductions: a work group per output, its work items splitting the reduced axis.
+
+A kernel whose value is one reduction over at least ``MIN_SIZE`` elements (upper bound) — a row sum,
+max or dot product with few outputs, such as a decode step's norms and matvecs — gives each output a
+work group of ``GROUP`` work items: item ``i`` accumulates elements ``i, i + GROUP, ...`` in order, then
+the partial results are combined by a tree in local (shared) memory and the first item stores. Float sums
+therefore add in another order than the plain loop (within rounding); integer sums (wrapping) and max
+(with its NaN flag) give the same bits.
+"""
+from __future__ import annotations
+
+from ... import symbolic as sym
+from ...kernel import ir
+from ...kernel.ir import dense_offset
+from ...ops import Op
+
+GROUP = 64  # work items per output (a power of two: the tree halves it)
+MIN_SIZE = 128  # reductions shorter than this keep one work item per output
+
+
+def wants_row_reduction(k: ir.Kernel) -> bool:
+    """Whether kernel ``k`` runs under this schedule (a bare top-level reduction that is long enough)."""
+    return (k.kind in ("loop", "tiled") and isinstance(k.value, ir.Reduce)
+            and sym.upper_bound(k.value.size) >= MIN_SIZE)
+
+
+def render_row_reduction(r) -> tuple[str, sym.sint, int]:
+    """(kernel text named ``KFN``, work items, work-group size) of ``r.kernel`` (see the module docstring);
+    ``r`` is the kernel's KernelRenderer."""
+    from .render import compute_type  # render.py imports this module
+    k, em, red = r.kernel, r.em, r.kernel.value
+    shape, vars_ = list(k.shape), list(k.loop_vars)
+    acc_t = r.acc_type(red.dtype)
+    float_max = red.op is Op.MAX_REDUCE and red.dtype.is_float
+    r.declare_buffers()
+    em.line("const ls_i64 lid = LS_LOCAL_ID;")
+    em.line(f"LS_SHARED {acc_t} part[{GROUP}];")
+    if float_max:
+        em.line(f"LS_SHARED int part_nan[{GROUP}];")
+    if vars_:
+        em.line("ls_i64 rest = LS_GROUP_ID;")
+    for pos in range(len(vars_) - 1, -1, -1):
+        name = r.local_name(vars_[pos])
+        if pos == 0:
+            em.line(f"const ls_i64 {name} = rest;")
+        else:
+            size = em.sym(shape[pos])
+            em.line(f"const ls_i64 {name} = rest % {size}; rest = rest / {size};")
+        em.bind(vars_[pos], name)
+    size = em.sym(red.size)
+    em.line(f"{acc_t} acc = {r.reduce_init(red)};")
+    if float_max:
+        em.line("int nan = 0;")
+    v = r.local_name(red.var)
+    with em.block(f"for (ls_i64 {v} = lid; {v} < {size}; {v} += {GROUP})"):
+        em.bind(red.var, v)
+        body = r.expr(red.body)
+        if red.op is Op.SUM_REDUCE:
+            em.line(f"acc += {body};")
+        elif float_max:
+            em.line(f"nan |= {body} != {body}; acc = {body} > acc ? {body} : acc;")
+        else:
+            em.line(f"acc = ({acc_t}){body} > acc ? ({acc_t}){body} : acc;")
+    em.line("part[lid] = acc;" + (" part_nan[lid] = nan;" if float_max else ""))
+    em.line("LS_BARRIER;")
+    with em.block(f"for (ls_i64 s = {GROUP // 2}; s > 0; s >>= 1)"):
+        with em.block("if (lid < s)"):
+            if red.op is Op.SUM_REDUCE:
+                em.line("part[lid] += part[lid + s];")
+            else:
+                em.line("part[lid] = part[lid + s] > part[lid] ? part[lid + s] : part[lid];")
+                if float_max:
+                    em.line("part_nan[lid] |= part_nan[lid + s];")
+        em.line("LS_BARRIER;")
+    with em.block("if (lid == 0)"):
+        result = "(part_nan[0] ? LS_NAN : part[0])" if float_max else f"(({compute_type(red.dtype)})part[0])"
+        off = em.sym(dense_offset(vars_, shape)) if shape else "0"
+        em.line(f"{r.buf(k.out)}[{off}] = {r.store_value(k.out.dtype, r.round16(result, red.dtype))};")
+    outputs = sym.prod(shape) if shape else 1
+    return r.finish(), sym.mul(outputs, GROUP), GROUP
