@@ -329,9 +329,10 @@ static inline void ls_quantize_rows(const float *restrict x, int64_t M, int64_t 
 
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVX2__)
 #include <immintrin.h>
-/* sum over 32 lanes of u8 * s8 products, as 8 int32 partial sums */
+/* sum over 32 lanes of u8 * s8 products, as 8 int32 partial sums (the same with or without VNNI: no pair of
+ * products reaches maddubs' int16 saturation, as |x| <= 127 and |w| <= 128; LS_NO_VNNI measures the difference) */
 static inline __m256i ls_dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(LS_NO_VNNI)
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));

@@ -31,7 +31,8 @@ from .ctext import float_literal
 from .matvec import blocked_form, render_matvec
 from .loop_split import Split, split_inner, split_reductions, substitute
 
-PRELUDE = "".join((Path(__file__).with_name(h)).read_text() for h in ("prelude.h", "qdecode.h", "qgemm.h", "hgemm.h"))
+PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
+                  for h in ("prelude.h", "qdecode.h", "qvnni.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row group)
@@ -493,11 +494,17 @@ class KernelRenderer:
             # int8 has SIMD kernels only (elsewhere the float path below runs); int16 has a portable form too
             guard = ["#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)"] if mode == "int8" else []
             itype, bits = ("int8_t", "8") if mode == "int8" else ("int16_t", "16")
-            quant_lines = guard + row_groups + [
-                "            for (int64_t n = n0; n < n1; n++)",
-                f"                ls_qdot{bits}_{tname}(wraw + n * {row_bytes}LL, (const {itype} *){sc} + m0 * {K}LL, "
-                f"(const float *)({sc} + {d_off}) + m0 * {nblk}, (const float *)({sc} + {s_off}) + m0 * {nblk}, "
-                f"{K}, {nblk}, mr, out + m0 * N + n, N);",
+            xargs = (f"(const {itype} *){sc} + m0 * {K}LL, (const float *)({sc} + {d_off}) + m0 * {nblk}, "
+                     f"(const float *)({sc} + {s_off}) + m0 * {nblk}, {K}, {nblk}, mr, out + m0 * N + n, N);")
+            # int8 on AVX-512 VNNI: two weight rows a call (qvnni.h), the same bits as one at a time
+            pairs = ["            int64_t n = n0;", "#if defined(LS_HAVE_QDOT8X2)",
+                     "            for (; n + 1 < n1; n += 2)",
+                     f"                ls_qdot8x2_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, {xargs}",
+                     "#endif",
+                     "            for (; n < n1; n++)"] if mode == "int8" else [
+                     "            for (int64_t n = n0; n < n1; n++)"]
+            quant_lines = guard + row_groups + pairs + [
+                f"                ls_qdot{bits}_{tname}(wraw + n * {row_bytes}LL, {xargs}",
                 "        }"]
             lp = "((const ls_launch *)(&l))"
             x_i = self.kernel_buffers(k).index(x_buf)

@@ -1,0 +1,91 @@
+/* AVX-512 VNNI kernels for int8 activations (q8_0, q4_0, q4_1 weights; the scratch of ls_quantize_rows):
+ * two weight rows at once, one in each 256-bit half of a zmm, so every instruction after the weight loads
+ * serves two dot products (the 256-bit kernels of qdecode.h serve one). Each half does exactly what
+ * ls_qdot8_* does for its row: per block, eight int32 partial sums (lane l: elements 4l..4l+3), converted
+ * to float and accumulated with one FMA by (weight scale * activation scale), the eight lanes summed by
+ * ls_hsum256 at the end; so a row's result has the same bits here, in ls_qdot8_* and with LS_NO_VNNI
+ * (where the integer sums come from maddubs/madd instead of vpdpbusd).
+ *
+ * vpdpbusd multiplies unsigned by signed bytes. Signed weights (q8_0; q4_0 as nibble - 8) take the
+ * activations offset by 128 (x ^ 0x80 = x + 128, in 1..255 as |x| <= 127) and start each lane at
+ * -128 * (the lane's sum of weights), itself a vpdpbusd of 0x80 with the weights, computed once per block
+ * for every activation row: exact in int32. AVX-512 has no vpsignb, the 256-bit kernels' alternative.
+ * q4_1's nibbles are unsigned already and multiply the signed activations directly.
+ *
+ * Selected by __AVX512VNNI__ (with F, BW and VL, which the 256-bit VNNI forms of qdecode.h also need);
+ * LS_NO_VNNI or LS_PORTABLE turn it off (LS_NO_VNNI also keeps qdecode.h's 256-bit kernels off VNNI). */
+#if defined(LS_HAVE_QDOT8) && defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__) \
+    && defined(__AVX512VL__) && !defined(LS_NO_VNNI) && !defined(LS_PORTABLE)
+#define LS_HAVE_QDOT8X2 1
+
+/* block b's 32 weight bytes of rows p and p + rb (p points at the block): row p's in the low half */
+static inline __m512i ls_vnni_w2_q8_0(const uint8_t *p, int64_t rb) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 2))),
+                              _mm256_loadu_si256((const __m256i *)(p + rb + 2)), 1);
+}
+/* the 32 nibbles of two blocks' 16 bytes q and q + rb, in element order (low nibbles, then high) minus OFF:
+ * each row's bytes fill two 128-bit quarters (broadcast loads), and the upper quarter of each half is
+ * shifted right by 4 as 64-bit lanes, moving the high nibbles down (the mask drops what came across) */
+static inline __m512i ls_vnni_nib2(const uint8_t *q, int64_t rb, int off) {
+    const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)q));
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(q + rb)));
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+    const __m512i v = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                                       _mm512_set1_epi8(15));
+    return off ? _mm512_sub_epi8(v, _mm512_set1_epi8((char)off)) : v;
+}
+#define LS_W8X2_Q8_0(p, rb) ls_vnni_w2_q8_0(p, rb)
+#define LS_W8X2_Q4_0(p, rb) ls_vnni_nib2((p) + 2, rb, 8)
+#define LS_W8X2_Q4_1(p, rb) ls_vnni_nib2((p) + 4, rb, 0)
+/* the float16 scales at p and p + rb, each broadcast to one half */
+static inline __m512 ls_vnni_d2(const uint8_t *p, int64_t rb) {
+    int16_t h0, h1;
+    memcpy(&h0, p, 2);
+    memcpy(&h1, p + rb, 2);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(h0)), _mm_set1_epi16(h1), 1));
+}
+/* the upper 8 floats of a zmm (extractf32x8 would need AVX512DQ) */
+static inline __m256 ls_vnni_hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+/* Weight rows w and w + rb (nblk blocks of BB bytes) against up to LS_QMM_ROWS activation rows (strides K
+ * and nblk), into out[r * ostride] and out[r * ostride + 1]. MIN (q4_1) adds m * s per block and row, as
+ * ls_qdot8_q4_1 does. */
+#define LS_QDOT8X2(NAME, BB, WVALS, MIN) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, int64_t rb, \
+        const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, \
+        float *restrict out, int64_t ostride, const int MR) { \
+    __m512 acc[LS_QMM_ROWS]; float c0[LS_QMM_ROWS], c1[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = _mm512_setzero_ps(); c0[r] = 0.0f; c1[r] = 0.0f; } \
+    const __m512i x80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512(); \
+    for (int64_t b = 0; b < nblk; b++) { \
+        const uint8_t *blk = w + b * (BB); \
+        LS_PF(blk + LS_QMM_PREFETCH, 0, 3); \
+        LS_PF(blk + rb + LS_QMM_PREFETCH, 0, 3); \
+        const __m512i wv = WVALS(blk, rb); \
+        const __m512i base = (MIN) ? z : _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, x80, wv)); \
+        const __m512 dw = ls_vnni_d2(blk, rb); \
+        const float m0 = (MIN) ? ls_f16(blk + 2) : 0.0f, m1 = (MIN) ? ls_f16(blk + rb + 2) : 0.0f; \
+        _Pragma("GCC unroll 8") \
+        for (int r = 0; r < MR; r++) { \
+            const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + r * K + 32 * b))); \
+            const __m512i p = (MIN) ? _mm512_dpbusd_epi32(base, wv, xv) \
+                                    : _mm512_dpbusd_epi32(base, _mm512_xor_si512(xv, x80), wv); \
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])), \
+                                     acc[r]); \
+            if (MIN) { c0[r] += m0 * xs[r * nblk + b]; c1[r] += m1 * xs[r * nblk + b]; } \
+        } \
+    } \
+    for (int r = 0; r < MR; r++) { \
+        out[r * ostride] = ls_hsum256(_mm512_castps512_ps256(acc[r])) + c0[r]; \
+        out[r * ostride + 1] = ls_hsum256(ls_vnni_hi8(acc[r])) + c1[r]; \
+    } \
+} \
+static inline void NAME(const uint8_t *restrict w, int64_t rb, const int8_t *restrict xq, const float *restrict xd, \
+                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, float *restrict out, \
+                        int64_t ostride) { \
+    LS_QMM_DISPATCH(NAME##_rows, w, rb, xq, xd, xs, K, nblk, out, ostride); \
+}
+LS_QDOT8X2(ls_qdot8x2_q8_0, 34, LS_W8X2_Q8_0, 0)
+LS_QDOT8X2(ls_qdot8x2_q4_0, 18, LS_W8X2_Q4_0, 0)
+LS_QDOT8X2(ls_qdot8x2_q4_1, 20, LS_W8X2_Q4_1, 1)
+#endif
