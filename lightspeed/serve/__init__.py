@@ -8,8 +8,11 @@
 
 Modules, in the order a request meets them:
 
-- ``app``: the FastAPI routes, SSE streaming, auth, body limits, OpenAI error JSON;
+- ``app``: the OpenAI routes and their response shapes (choices, logprobs, usage), error JSON;
+- ``common``: what every endpoint shares: server state, auth, bounded body reads, the token budget;
 - ``protocol``: strict validation of the request bodies;
+- ``streams``: a request's ``n`` choices on the engine, server-sent events, cancelling on disconnect;
+- ``logprobs``: token log-probabilities and the token texts and bytes they are reported with;
 - ``engine``: the scheduler thread that owns every native call (prefill chunks, batched steps,
   embeddings), packs sequences into cache slots, queues and cancels;
 - ``sequence``: one request's sampling, stop handling and incremental detokenizing;

@@ -54,7 +54,8 @@ class SequentialStepper:
         self.slots[src], self.slots[dst] = self.slots[dst], self.slots[src]
 
     def run(self, tokens, positions) -> np.ndarray:
-        rows = [self.step.run([int(t)], int(p), self.slots[b])[0][-1] for b, (t, p) in enumerate(zip(tokens, positions))]
+        rows = [self.step.run([int(t)], int(p), self.slots[b])[0][-1]
+                for b, (t, p) in enumerate(zip(tokens, positions))]
         return np.stack(rows)
 
 
@@ -89,13 +90,18 @@ class Engine:
 
     def submit(self, seq: Sequence) -> None:
         """Queue ``seq``; QueueFullError when ``max_queue`` requests are already waiting."""
+        self.submit_all([seq])
+
+    def submit_all(self, seqs: list[Sequence]) -> None:
+        """Queue all of ``seqs`` (the choices of one request) or none: QueueFullError when more than
+        ``max_queue`` sequences would wait for a slot."""
         with self._cond:
             if self._stopping:
                 raise EngineStoppedError("the server is shutting down")
             free = self.max_batch - len(self.slots)
-            if len(self.waiting) - free >= self.max_queue:
+            if len(self.waiting) + len(seqs) - free > self.max_queue:
                 raise QueueFullError(f"{len(self.waiting)} requests are waiting for one of {self.max_batch} slots")
-            self.waiting.append(seq)
+            self.waiting.extend(seqs)
             self._cond.notify()
 
     def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:

@@ -2,7 +2,7 @@
 
 Requests are validated strictly: wrong types are not coerced (``"5"`` is not a number), fields
 the OpenAI API does not define are rejected, as OpenAI rejects them, and fields it defines that
-this server cannot honour (``n > 1``, ``logprobs``, tools...) are rejected by name rather than
+this server cannot honour (tools, ``echo``, ``best_of``...) are rejected by name rather than
 silently ignored. A few common extensions are accepted: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``ignore_eos``.
 """
@@ -12,11 +12,14 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 MAX_STOP_STRINGS = 4      # as OpenAI
 MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024
+MAX_CHOICES = 8           # n: independent choices of one request
+MAX_TOP_LOGPROBS = 20     # chat's top_logprobs, as OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as OpenAI
 _TOKEN_ID = re.compile(r"[0-9]{1,9}")
 
 
@@ -75,13 +78,26 @@ def parse_json_body(raw: bytes) -> dict:
     return body
 
 
+_TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Whether a location part names a member of a union (``str``, ``list[str]``) rather than a field."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or any(c in part for c in "[(-")
+                                      or part[:1].isupper())
+
+
 def validate(model: type[BaseModel], body: dict) -> Any:
     """``body`` validated as ``model``; APIError(422) naming the first bad field."""
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
+        errors = e.errors(include_url=False)
+        # of the errors about the first bad field, the deepest: for a union (a string or a list of blocks)
+        # that is the member's own complaint ("messages.0.content.0.type: should be 'text'"), not "not a string"
+        first = errors[0]["loc"][:1]
+        err = max((x for x in errors if x["loc"][:1] == first), key=lambda x: len(x["loc"]))
+        param = ".".join(str(p) for p in err["loc"] if not _is_union_tag(p)) or None
         kind = err["type"]
         if kind == "extra_forbidden":
             message = f"unrecognized request argument supplied: {param}"
@@ -108,7 +124,7 @@ class SamplingFields(_Strict):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, ge=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -160,8 +176,12 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
     echo: Literal[False] = False
     best_of: int = Field(1, ge=1, le=1)
-    logprobs: None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: None = None
+
+    def top_logprobs(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -195,12 +215,23 @@ class ResponseFormat(_Strict):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: Literal[False] | None = None
-    top_logprobs: None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
     tools: None = None
     tool_choice: Literal["none"] | None = None
     parallel_tool_calls: bool | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info: ValidationInfo):
+        if v is not None and not info.data.get("logprobs"):  # logprobs is validated first (declared first)
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return v
+
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

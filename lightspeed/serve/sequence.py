@@ -6,6 +6,10 @@ exactly one turn of ``Generation``'s loop (the same sampler, stop tokens, stop s
 UTF-8-safe detokenizer, in the same order) so that a served greedy reply equals
 ``lightspeed generate``'s. OpenAI's ``logit_bias`` and presence/frequency penalties adjust the
 logits before the sampler sees them.
+
+With ``logprobs`` set, each sampled token's log-probabilities (``lightspeed.serve.logprobs``) are sent
+as a LOGPROBS event just before the TEXT event whose text holds that token's first character; tokens
+that fall inside a stop string (whose text is cut) are not reported.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..generate import Sampler, SamplingParams, StopStringFilter
+from .logprobs import TokenLogprob, token_logprobs
 
 # what the engine reports to the request's consumer
-TEXT, DONE, ERROR = "text", "done", "error"
+TEXT, DONE, ERROR, LOGPROBS = "text", "done", "error", "logprobs"
 # Generation's finish reasons in OpenAI's vocabulary (running out of context is a length limit)
 FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length"}
 
@@ -37,6 +42,21 @@ class RequestOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # the tokenizer's stop tokens do not end the sequence
+    logprobs: int | None = None  # report each token's log-probability and this many alternatives
+
+
+class StopFilter(StopStringFilter):
+    """``StopStringFilter`` that also records which stop string ended the text (``matched``)."""
+
+    matched: str | None = None
+
+    def push(self, text: str) -> str:
+        buf = self.pending + text
+        out = super().push(text)
+        if self.stopped and self.matched is None:
+            # the earliest occurrence wins, as in the filter; of stops found at the same place, the first listed
+            self.matched = min((s for s in self.stops if s in buf), key=buf.find)
+        return out
 
 
 class Sequence:
@@ -55,12 +75,15 @@ class Sequence:
         self.sampler = Sampler(options.params)
         self.stop_ids = set() if options.ignore_eos else stop_ids
         self.decoder = tokenizer.stream(skip_special_tokens=False)
-        self.stops = StopStringFilter(list(options.stop))
+        self.stops = StopFilter(list(options.stop))
         self.sink = sink
         self.history = list(self.prompt_ids)
         self.counts: Counter[int] = Counter()
         self.token_ids: list[int] = []
         self.text = ""
+        self.logprobs: list[TokenLogprob] = []  # every reported token's entry, in order
+        self._unsent = 0                        # logprobs[_unsent:] are not sent yet
+        self._decoded = 0                       # characters the detokenizer has produced
         self.slot: int | None = None
         self.pos = 0
         self.next_token: int | None = None
@@ -112,7 +135,11 @@ class Sequence:
         self.token_ids.append(token)
         self.history.append(token)
         self.counts[token] += 1
-        piece = self.stops.push(self.decoder.push(token))
+        if o.logprobs is not None:
+            self.logprobs.append(token_logprobs(logits, token, o.logprobs, self._decoded))
+        decoded = self.decoder.push(token)
+        self._decoded += len(decoded)
+        piece = self.stops.push(decoded)
         if piece:
             self._emit(piece)
         if self.stops.stopped:
@@ -133,7 +160,17 @@ class Sequence:
 
     def _emit(self, piece: str) -> None:
         self.text += piece
+        self._send_logprobs(len(self.text))
         self.sink(TEXT, piece)
+
+    def _send_logprobs(self, end: int | None) -> None:
+        """Send the unsent entries of tokens starting before character ``end`` (all of them: None)."""
+        i = self._unsent
+        while i < len(self.logprobs) and (end is None or self.logprobs[i].offset < end):
+            i += 1
+        if i > self._unsent:
+            self.sink(LOGPROBS, self.logprobs[self._unsent:i])
+            self._unsent = i
 
     def _finish(self, reason: str) -> bool:
         if not self.stops.stopped:
@@ -141,6 +178,10 @@ class Sequence:
             tail += self.stops.flush() if not self.stops.stopped else ""
             if tail:
                 self._emit(tail)
+        if self.stops.stopped:
+            del self.logprobs[self._unsent:]  # inside the stop string: cut with its text
+        else:
+            self._send_logprobs(None)  # tokens without text of their own at the end
         self.finish_reason = FINISH_REASONS[reason]
         self.next_token = None
         self.sink(DONE, self.finish_reason)

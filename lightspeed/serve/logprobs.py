@@ -1,0 +1,112 @@
+"""Token log-probabilities for OpenAI's ``logprobs``: computed per sampled token, shaped per endpoint.
+
+The values are the model's own distribution: ``log_softmax`` of the raw next-token logits (temperature 1,
+before ``logit_bias``, penalties and the top-k / top-p / min-p filters), which is what a client computing
+perplexities expects (vLLM's default does the same). They are computed in float64 from the float32 logits.
+
+Two response shapes:
+
+- chat completions: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+  "bytes"}, ...]}, ...], "refusal": None}``;
+- legacy completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``,
+  offsets counted in characters from the start of the completion (the prompt is not echoed).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+REPLACEMENT = "\ufffd"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token: its id, log-probability, the ``top`` alternatives (id, logprob) in descending
+    order, and ``offset``, the character offset of its text in the completion."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+    offset: int
+
+
+def token_logprobs(logits: np.ndarray, token: int, top_n: int, offset: int) -> TokenLogprob:
+    """The log-probability of ``token`` under ``logits`` and the ``top_n`` most likely tokens (ties by id)."""
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    top: tuple[tuple[int, float], ...] = ()
+    if top_n > 0:
+        k = min(top_n, x.size)
+        ids = np.argpartition(-x, k - 1)[:k]
+        ids = ids[np.lexsort((ids, -x[ids]))]  # descending logit, then ascending id
+        top = tuple((int(i), float(x[i] - lse)) for i in ids)
+    return TokenLogprob(int(token), float(x[int(token)] - lse), top, offset)
+
+
+class TokenText:
+    """Each token's text and bytes, as OpenAI reports them: a token that holds part of a UTF-8 character
+    has no text of its own, so its exact bytes are recovered from a byte-level vocabulary when there is
+    one, and its text is written ``bytes:\\xNN...`` (as OpenAI does)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._byte_level = _byte_decoder() if _is_byte_level(tokenizer) else None
+        self.lookup = lru_cache(maxsize=65536)(self._lookup)
+
+    def _lookup(self, token: int) -> tuple[str, tuple[int, ...]]:
+        text = self.tokenizer.decode([token])
+        if REPLACEMENT not in text:
+            return text, tuple(text.encode("utf-8"))
+        piece = self.tokenizer.id_to_token(token) or ""
+        if self._byte_level is not None and piece and all(c in self._byte_level for c in piece):
+            raw = bytes(self._byte_level[c] for c in piece)
+            try:
+                return raw.decode("utf-8"), tuple(raw)
+            except UnicodeDecodeError:
+                return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), tuple(raw)
+        return text, tuple(text.encode("utf-8"))
+
+
+def _is_byte_level(tokenizer) -> bool:
+    """Whether the tokenizer decodes with GPT-2's byte-to-unicode table (a byte-level BPE)."""
+    decoder = getattr(getattr(tokenizer, "backend", None), "decoder", None)
+    return type(decoder).__name__ == "ByteLevel" or "ByteLevel" in repr(decoder)
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's table from the printable characters of byte-level pieces back to bytes."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText) -> dict:
+    """Chat completions' ``logprobs`` object for ``entries``."""
+    def one(token: int, logprob: float) -> dict:
+        s, b = text.lookup(token)
+        return {"token": s, "logprob": logprob, "bytes": list(b)}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(i, lp) for i, lp in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText) -> dict:
+    """Legacy completions' ``logprobs`` object for ``entries``."""
+    def name(token: int) -> str:
+        return text.lookup(token)[0]
+
+    return {"tokens": [name(e.token) for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{name(i): lp for i, lp in e.top} for e in entries],
+            "text_offset": [e.offset for e in entries]}
