@@ -10,13 +10,12 @@ import math
 import httpx
 import numpy as np
 import pytest
+from serve_process import ServerProcess
+from tiny_gguf import write_tiny_llama
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
-
-from serve_process import ServerProcess
-from tiny_gguf import write_tiny_llama
 
 CTX = 256
 MODEL = "tiny"
