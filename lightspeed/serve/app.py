@@ -1,10 +1,11 @@
 """The HTTP API (FastAPI): OpenAI's /v1/models, /v1/completions, /v1/chat/completions and
-/v1/embeddings, plus /health.
+/v1/embeddings, Anthropic's /v1/messages (``anthropic``), plus /health.
 
 Handlers run on the event loop and never call native code: a generation is a ``Sequence``
 submitted to the engine thread (``n`` of them for ``n`` choices, ``streams.Choices``), whose events
 (text pieces, logprobs, the finish) come back through an asyncio queue. Bodies are read with a size
-cap and a deadline and validated strictly (``protocol``); every error is OpenAI's error JSON.
+cap and a deadline and validated strictly (``protocol``); every error is OpenAI's error JSON
+(Anthropic's on /v1/messages).
 Tokenizing, and rendering the chat template (the model file's code, bounded by ``template_limits``),
 run on worker threads. Every client is watched for ``http.disconnect`` while its request runs
 (streaming or not): when it goes away its sequences are cancelled, and the engine frees the slots
@@ -24,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generate import SamplingParams
+from . import anthropic
 from .common import ServerState, chat_ids, check_auth, check_model, new_id, parse_body, token_budget
 from .engine import EngineStoppedError
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
@@ -37,6 +39,8 @@ MAX_EMBED_INPUTS = 256
 
 
 def _error_response(request: Request, e: APIError) -> JSONResponse:
+    if anthropic.is_anthropic(request):
+        return anthropic.error_response(e)
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
@@ -213,6 +217,8 @@ def create_app(state: ServerState) -> FastAPI:
                          "logprobs": chat_logprobs(r.logprobs, tokens) if top is not None else None,
                          "finish_reason": r.finish_reason} for i, r in enumerate(results)],
             "usage": choices.usage})
+
+    anthropic.add_routes(app, state)
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
