@@ -17,6 +17,7 @@
 #if defined(LS_HAVE_QDOT8) && defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__) \
     && defined(__AVX512VL__) && !defined(LS_NO_VNNI) && !defined(LS_PORTABLE)
 #define LS_HAVE_QDOT8X2 1
+#define LS_VNNI_XBUF (16 * 1024)  /* bytes of pre-offset activation rows on the stack (8 rows of K = 2048) */
 
 /* block b's 32 weight bytes of rows p and p + rb (p points at the block): row p's in the low half */
 static inline __m512i ls_vnni_w2_q8_0(const uint8_t *p, int64_t rb) {
@@ -48,12 +49,12 @@ static inline __m512 ls_vnni_d2(const uint8_t *p, int64_t rb) {
 static inline __m256 ls_vnni_hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
 /* Weight rows w and w + rb (nblk blocks of BB bytes) against up to LS_QMM_ROWS activation rows (strides K
- * and nblk), into out[r * ostride] and out[r * ostride + 1]. MIN (q4_1) adds m * s per block and row, as
- * ls_qdot8_q4_1 does. */
+ * and nblk), into out[r * ostride] and out[r * ostride + 1]. XOFF: xq holds the activations offset by 128
+ * already (else each load is offset here). MIN (q4_1) adds m * s per block and row, as ls_qdot8_q4_1 does. */
 #define LS_QDOT8X2(NAME, BB, WVALS, MIN) \
 static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, int64_t rb, \
         const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, \
-        float *restrict out, int64_t ostride, const int MR) { \
+        float *restrict out, int64_t ostride, const int XOFF, const int MR) { \
     __m512 acc[LS_QMM_ROWS]; float c0[LS_QMM_ROWS], c1[LS_QMM_ROWS]; \
     for (int r = 0; r < MR; r++) { acc[r] = _mm512_setzero_ps(); c0[r] = 0.0f; c1[r] = 0.0f; } \
     const __m512i x80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512(); \
@@ -69,7 +70,7 @@ static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *res
         for (int r = 0; r < MR; r++) { \
             const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + r * K + 32 * b))); \
             const __m512i p = (MIN) ? _mm512_dpbusd_epi32(base, wv, xv) \
-                                    : _mm512_dpbusd_epi32(base, _mm512_xor_si512(xv, x80), wv); \
+                                    : _mm512_dpbusd_epi32(base, (XOFF) ? xv : _mm512_xor_si512(xv, x80), wv); \
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])), \
                                      acc[r]); \
             if (MIN) { c0[r] += m0 * xs[r * nblk + b]; c1[r] += m1 * xs[r * nblk + b]; } \
@@ -80,10 +81,28 @@ static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *res
         out[r * ostride + 1] = ls_hsum256(ls_vnni_hi8(acc[r])) + c1[r]; \
     } \
 } \
-static inline void NAME(const uint8_t *restrict w, int64_t rb, const int8_t *restrict xq, const float *restrict xd, \
-                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, float *restrict out, \
-                        int64_t ostride) { \
-    LS_QMM_DISPATCH(NAME##_rows, w, rb, xq, xd, xs, K, nblk, out, ostride); \
+static inline __attribute__((always_inline)) void NAME##_pairs(const uint8_t *restrict w, int64_t rb, int64_t n, \
+        const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, \
+        float *restrict out, int64_t ostride, const int XOFF, const int MR) { \
+    for (int64_t j = 0; j + 1 < n; j += 2) \
+        NAME##_rows(w + j * rb, rb, xq, xd, xs, K, nblk, out + j, ostride, XOFF, MR); \
+} \
+/* the pairs of n weight rows at w (stride rb); returns how many rows it did (n rounded down to even). The \
+ * signed formats offset the activation rows once into a buffer when they fit it, not once per pair. */ \
+static inline int64_t NAME(const uint8_t *restrict w, int64_t rb, int64_t n, const int8_t *restrict xq, \
+                           const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                           float *restrict out, int64_t ostride) { \
+    if (!(MIN) && n >= 4 && mr * K <= LS_VNNI_XBUF) { \
+        int8_t xo[LS_VNNI_XBUF] __attribute__((aligned(64))); \
+        const __m256i x80 = _mm256_set1_epi8((char)0x80); \
+        for (int64_t i = 0; i < mr * K; i += 32) \
+            _mm256_store_si256((__m256i *)(xo + i), \
+                               _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + i)), x80)); \
+        LS_QMM_DISPATCH(NAME##_pairs, w, rb, n, xo, xd, xs, K, nblk, out, ostride, 1); \
+    } else { \
+        LS_QMM_DISPATCH(NAME##_pairs, w, rb, n, xq, xd, xs, K, nblk, out, ostride, 0); \
+    } \
+    return n & ~(int64_t)1; \
 }
 LS_QDOT8X2(ls_qdot8x2_q8_0, 34, LS_W8X2_Q8_0, 0)
 LS_QDOT8X2(ls_qdot8x2_q4_0, 18, LS_W8X2_Q4_0, 0)

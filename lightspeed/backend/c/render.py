@@ -496,10 +496,9 @@ class KernelRenderer:
             itype, bits = ("int8_t", "8") if mode == "int8" else ("int16_t", "16")
             xargs = (f"(const {itype} *){sc} + m0 * {K}LL, (const float *)({sc} + {d_off}) + m0 * {nblk}, "
                      f"(const float *)({sc} + {s_off}) + m0 * {nblk}, {K}, {nblk}, mr, out + m0 * N + n, N);")
-            # int8 on AVX-512 VNNI: two weight rows a call (qvnni.h), the same bits as one at a time
+            # int8 on AVX-512 VNNI: the weight rows two at a time (qvnni.h), the same bits as one at a time
             pairs = ["            int64_t n = n0;", "#if defined(LS_HAVE_QDOT8X2)",
-                     "            for (; n + 1 < n1; n += 2)",
-                     f"                ls_qdot8x2_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, {xargs}",
+                     f"            n += ls_qdot8x2_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}",
                      "#endif",
                      "            for (; n < n1; n++)"] if mode == "int8" else [
                      "            for (int64_t n = n0; n < n1; n++)"]
