@@ -123,10 +123,19 @@ def test_bad_folders_name_the_problem(tmp_path):
     for change, message in ((dict(model_type="roberta"), "not a BERT"), (dict(hidden_act="swish"), "hidden_act"),
                             (dict(vocab_size=51), "word_embeddings"),
                             (dict(position_embedding_type="relative_key"), "absolute only"),
-                            (dict(num_attention_heads=5), "invalid BERT")):
+                            (dict(num_attention_heads=5), "not a multiple of num_attention_heads"),
+                            (dict(num_hidden_layers=10 ** 6), "num_hidden_layers"),
+                            (dict(num_hidden_layers=good["num_hidden_layers"] + 1), "tensors for"),
+                            (dict(layer_norm_eps=float("nan")), "layer_norm_eps"),
+                            (dict(layer_norm_eps=-1e-5), "layer_norm_eps"),
+                            (dict(intermediate_size=good["intermediate_size"] + 1), "intermediate.dense.weight"),
+                            (dict(hidden_size="32"), "hidden_size must be an integer")):
         cfg_path.write_text(json.dumps({**good, **change}))
         with pytest.raises(ModelFormatError, match=message):
             Bert.from_folder(load_model_folder(tmp_path))
+    cfg_path.write_text(json.dumps({k: v for k, v in good.items() if k != "vocab_size"}))
+    with pytest.raises(ModelFormatError, match="config.json: missing field 'vocab_size'"):
+        Bert.from_folder(load_model_folder(tmp_path))
 
 
 def test_sentence_transformers_settings(tmp_path):

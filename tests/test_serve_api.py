@@ -230,7 +230,7 @@ HOSTILE = [
     ("stream as string", "POST", "/v1/completions", AUTH, {**GOOD, "stream": "yes"}, 422, None),
     ("unknown field", "POST", "/v1/completions", AUTH, {**GOOD, "foo": 1}, 422, "extra_forbidden"),
     ("missing prompt", "POST", "/v1/completions", AUTH, {"model": MODEL}, 422, "missing"),
-    ("n = 2", "POST", "/v1/completions", AUTH, {**GOOD, "n": 2}, 422, None),
+    ("n = 9 (above the limit of 8)", "POST", "/v1/completions", AUTH, {**GOOD, "n": 9}, 422, None),
     ("five stop strings", "POST", "/v1/completions", AUTH, {**GOOD, "stop": list("abcde")}, 422, None),
     ("logit_bias key not an id", "POST", "/v1/completions", AUTH, {**GOOD, "logit_bias": {"abc": 1}}, 422, None),
     ("token id out of vocab", "POST", "/v1/completions", AUTH, {**GOOD, "prompt": [1, 10 ** 7]}, 422, None),

@@ -178,15 +178,33 @@ def test_logit_bias_and_penalties(tiny, engine) -> None:
     assert penalised[0] != plain[0] or len(set(plain[0])) == 12
 
 
+class _Gate(Collector):
+    """A sink that holds the engine at its second piece of text until the test lets it go (so a cancel made
+    meanwhile is seen before the sequence could finish, however the threads are scheduled)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, kind: str, payload: object) -> None:
+        super().__call__(kind, payload)
+        if kind == TEXT and len(self.pieces) == 2:
+            self.reached.set()
+            self.go.wait(30)
+
+
 def test_cancel_frees_the_slot(tiny, engine) -> None:
     lm = tiny[0]
     seqs = [_sequence(lm, [3 + i, 4, 5], max_tokens=CTX - 4, ignore_eos=True) for i in range(MAX_BATCH)]
+    gate = _Gate()
+    seqs[0] = (Sequence([3, 4, 5], RequestOptions(max_tokens=CTX - 4, ignore_eos=True), lm.tokenizer,
+                        lm.tokenizer.stop_ids, gate), gate)
     for seq, _ in seqs:
         engine.submit(seq)
     first, sink = seqs[0]
-    while len(first.token_ids) < 2 and not sink.done.is_set():
-        threading.Event().wait(0.005)
+    assert gate.reached.wait(60)
     first.cancel()
+    gate.go.set()
     engine.wake()
     for seq, s in seqs[1:]:
         assert s.done.wait(60) and s.end[0] == DONE and len(seq.token_ids) == CTX - 4

@@ -23,6 +23,8 @@ from .. import symbolic as sym
 from ..frontend import gelu, layer_norm, linear, maximum, relu, scaled_dot_product_attention
 from ..graph import Graph
 from ..io import ModelFolder, ModelFormatError
+from ..io.plausibility import (MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB, REQUIRED, check_layers, check_shapes, meta_float,
+                               meta_int)
 from ..tensor import Tensor
 from .weights import SafetensorsWeights
 
@@ -54,19 +56,22 @@ class BertConfig:
     def from_hf(cls, cfg: dict, path: str) -> "BertConfig":
         if cfg.get("model_type") not in HF_MODEL_TYPES:
             raise ModelFormatError(path, f"model_type {cfg.get('model_type')!r} is not a BERT encoder")
-        try:
-            c = cls(vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
-                    n_layers=int(cfg["num_hidden_layers"]), n_heads=int(cfg["num_attention_heads"]),
-                    intermediate_size=int(cfg["intermediate_size"]),
-                    max_positions=int(cfg.get("max_position_embeddings", 512)),
-                    type_vocab_size=int(cfg.get("type_vocab_size", 2)),
-                    layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
-                    activation=str(cfg.get("hidden_act", "gelu")))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ModelFormatError(path, f"config.json: missing or invalid field {e}") from None
-        if min(c.vocab_size, c.hidden_size, c.n_layers, c.n_heads, c.intermediate_size, c.max_positions) <= 0 \
-                or c.hidden_size % c.n_heads:
-            raise ModelFormatError(path, f"invalid BERT hyper-parameters: {c}")
+        where = f"{path}/config.json" if not str(path).endswith(".json") else str(path)
+
+        def count(key: str, default=REQUIRED, **bounds) -> int:
+            if key not in cfg and default is REQUIRED:
+                raise ModelFormatError(where, f"missing field {key!r}")
+            return meta_int(where, key, cfg.get(key, default), **bounds)
+        c = cls(vocab_size=count("vocab_size", hi=MAX_VOCAB), hidden_size=count("hidden_size"),
+                n_layers=count("num_hidden_layers", hi=MAX_LAYERS), n_heads=count("num_attention_heads"),
+                intermediate_size=count("intermediate_size"),
+                max_positions=count("max_position_embeddings", 512, hi=MAX_CONTEXT),
+                type_vocab_size=count("type_vocab_size", 2, hi=MAX_VOCAB),
+                layer_norm_eps=meta_float(where, "layer_norm_eps", cfg.get("layer_norm_eps", 1e-12), below=1.0),
+                activation=str(cfg.get("hidden_act", "gelu")))
+        if c.hidden_size % c.n_heads:
+            raise ModelFormatError(where, f"hidden_size {c.hidden_size} is not a multiple of num_attention_heads "
+                                          f"{c.n_heads}")
         if c.activation not in ACTIVATIONS:
             raise ModelFormatError(path, f"config.json: hidden_act {c.activation!r} is not supported "
                                          f"(supported: {', '.join(ACTIVATIONS)})")
@@ -95,6 +100,14 @@ class Bert:
         if word != (config.vocab_size, config.hidden_size):
             raise ModelFormatError(mf.path, f"embeddings.word_embeddings.weight has shape {word}, config.json "
                                             f"says ({config.vocab_size}, {config.hidden_size})")
+        layer = prefix + "encoder.layer.{i}.attention.self.query.weight"
+        check_layers(mf.path, "num_hidden_layers", config.n_layers, lambda i: layer.format(i=i) in mf.tensors, layer)
+        h, f = config.hidden_size, config.intermediate_size
+        check_shapes(mf.path, lambda n: model.weights.shape(prefix + n), {
+            "embeddings.position_embeddings.weight": (config.max_positions, h),
+            "encoder.layer.0.attention.self.query.weight": (h, h),
+            "encoder.layer.0.intermediate.dense.weight": (f, h),
+            "encoder.layer.0.output.dense.weight": (h, f)}, "config.json's sizes")
         return model
 
     # the graph ------------------------------------------------------------------------------------
