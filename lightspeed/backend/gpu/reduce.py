@@ -1,9 +1,10 @@
 """GPU schedule of long reductions: a work group per output, its work items splitting the reduced axis.
 
-A kernel whose value is one reduction over at least ``MIN_SIZE`` elements (upper bound) — a row sum,
-max or dot product with few outputs, such as a decode step's norms and matvecs — gives each output a
-work group of ``GROUP`` work items: item ``i`` accumulates elements ``i, i + GROUP, ...`` in order, then
-the partial results are combined by a tree in local (shared) memory and the first item stores. Float sums
+A kernel whose value holds one reduction over at least ``MIN_SIZE`` elements (upper bound) — a row sum,
+max or dot product with few outputs, such as a decode step's norms and matvecs, maybe under an epilogue
+like ``rsqrt(mean(x * x) + eps)`` — gives each output a work group of ``GROUP`` work items: item ``i``
+accumulates elements ``i, i + GROUP, ...`` in order, then the partial results are combined by a tree in
+local (shared) memory and the first item computes the epilogue and stores. Float sums
 therefore add in another order than the plain loop (within rounding); integer sums (wrapping) and max
 (with its NaN flag) give the same bits.
 """
@@ -18,17 +19,30 @@ GROUP = 64  # work items per output (a power of two: the tree halves it)
 MIN_SIZE = 128  # reductions shorter than this keep one work item per output
 
 
-def wants_row_reduction(k: ir.Kernel) -> bool:
-    """Whether kernel ``k`` runs under this schedule (a bare top-level reduction that is long enough)."""
-    return (k.kind in ("loop", "tiled") and isinstance(k.value, ir.Reduce)
-            and sym.upper_bound(k.value.size) >= MIN_SIZE)
+def row_reduction(k: ir.Kernel) -> ir.Reduce | None:
+    """The reduction kernel ``k`` computes under this schedule, or None: its value must hold exactly one
+    reduction of at least ``MIN_SIZE`` elements, reached from the value through arithmetic and casts only
+    (so it is evaluated unconditionally; an epilogue such as ``rsqrt(mean(x * x) + eps)`` is fine)."""
+    if k.kind not in ("loop", "tiled"):
+        return None
+    found: list[ir.Reduce] = []
+    stack = [k.value]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, ir.Reduce):
+            found.append(x)
+        elif isinstance(x, (ir.Alu, ir.Cast)):
+            stack.extend(x.children())
+    if len(found) != 1 or sym.upper_bound(found[0].size) < MIN_SIZE:
+        return None
+    return found[0]
 
 
-def render_row_reduction(r) -> tuple[str, sym.sint, int]:
-    """(kernel text named ``KFN``, work items, work-group size) of ``r.kernel`` (see the module docstring);
-    ``r`` is the kernel's KernelRenderer."""
+def render_row_reduction(r, red: ir.Reduce) -> tuple[str, sym.sint, int]:
+    """(kernel text named ``KFN``, work items, work-group size) of ``r.kernel``, whose reduction is ``red``
+    (see the module docstring); ``r`` is the kernel's KernelRenderer."""
     from .render import compute_type  # render.py imports this module
-    k, em, red = r.kernel, r.em, r.kernel.value
+    k, em = r.kernel, r.em
     shape, vars_ = list(k.shape), list(k.loop_vars)
     acc_t = r.acc_type(red.dtype)
     float_max = red.op is Op.MAX_REDUCE and red.dtype.is_float
@@ -74,7 +88,9 @@ def render_row_reduction(r) -> tuple[str, sym.sint, int]:
         em.line("LS_BARRIER;")
     with em.block("if (lid == 0)"):
         result = "(part_nan[0] ? LS_NAN : part[0])" if float_max else f"(({compute_type(red.dtype)})part[0])"
+        em.line(f"const {compute_type(red.dtype)} reduced = {r.round16(result, red.dtype)};")
+        r.define(red, "reduced")  # the epilogue reads the combined value in place of the reduction
         off = em.sym(dense_offset(vars_, shape)) if shape else "0"
-        em.line(f"{r.buf(k.out)}[{off}] = {r.store_value(k.out.dtype, r.round16(result, red.dtype))};")
+        em.line(f"{r.buf(k.out)}[{off}] = {r.store_value(k.out.dtype, r.expr(k.value))};")
     outputs = sym.prod(shape) if shape else 1
     return r.finish(), sym.mul(outputs, GROUP), GROUP

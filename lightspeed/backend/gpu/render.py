@@ -33,7 +33,7 @@ from ...ops import Op
 from .dialect import F2I, Dialect
 from .emit import Emitter
 from .gemm import render_gemm
-from .reduce import render_row_reduction, wants_row_reduction
+from .reduce import render_row_reduction, row_reduction
 
 STORAGE = {
     dt.float32: "float", dt.float16: "ls_u16", dt.bfloat16: "ls_u16", dt.int8: "ls_i8", dt.uint8: "ls_u8",
@@ -133,6 +133,10 @@ class KernelRenderer:
         return f"b{self.slot[id(b)]}"
 
     # values ------------------------------------------------------------------------------------------
+    def define(self, x: ir.IR, name: str) -> None:
+        """In the current scope, ``x`` (and every IR equal to it) is the local ``name``."""
+        self.em.remember(("ir", _ir_key(x, self.keys)), name)
+
     def expr(self, x: ir.IR) -> str:
         """A name or literal holding ``x`` in its compute type (statements go to the emitter)."""
         if isinstance(x, ir.Const):
@@ -328,8 +332,9 @@ class KernelRenderer:
         if k.kind not in LOOP_KINDS:
             raise NotImplementedError(f"GPU renderer: kernel {k.name} is a lowered {k.kind!r} kernel; "
                                       "form the plan with use_templates=False")
-        if self.row_reductions and wants_row_reduction(k):
-            return render_row_reduction(self)
+        red = row_reduction(k) if self.row_reductions else None
+        if red is not None:
+            return render_row_reduction(self, red)
         if k.kind == "gemm" and self.tiled_gemm:
             form = match_matmul(k.value, k.loop_vars)
             if form is not None:
