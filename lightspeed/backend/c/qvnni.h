@@ -4,7 +4,9 @@
  * ls_qdot8_* does for its row: per block, eight int32 partial sums (lane l: elements 4l..4l+3), converted
  * to float and accumulated with one FMA by (weight scale * activation scale), the eight lanes summed by
  * ls_hsum256 at the end; so a row's result has the same bits here, in ls_qdot8_* and with LS_NO_VNNI
- * (where the integer sums come from maddubs/madd instead of vpdpbusd).
+ * (where the integer sums come from maddubs/madd instead of vpdpbusd). Used for 2 to 8 activation rows a
+ * pass (batched decode; prefill's row groups): one row (decode) streams weights at DRAM speed either way, and
+ * keeps ls_qdot8_* (vpdpbusd on 256 bits), whose single weight stream measured ~5% faster than two.
  *
  * vpdpbusd multiplies unsigned by signed bytes. Signed weights (q8_0; q4_0 as nibble - 8) take the
  * activations offset by 128 (x ^ 0x80 = x + 128, in 1..255 as |x| <= 127) and start each lane at
@@ -87,11 +89,13 @@ static inline __attribute__((always_inline)) void NAME##_pairs(const uint8_t *re
     for (int64_t j = 0; j + 1 < n; j += 2) \
         NAME##_rows(w + j * rb, rb, xq, xd, xs, K, nblk, out + j, ostride, XOFF, MR); \
 } \
-/* the pairs of n weight rows at w (stride rb); returns how many rows it did (n rounded down to even). The \
- * signed formats offset the activation rows once into a buffer when they fit it, not once per pair. */ \
+/* the pairs of n weight rows at w (stride rb) for mr >= 2 activation rows; returns how many weight rows it \
+ * did (n rounded down to even; none for one activation row). The signed formats offset the activation rows \
+ * once into a buffer when they fit it, not once per pair. */ \
 static inline int64_t NAME(const uint8_t *restrict w, int64_t rb, int64_t n, const int8_t *restrict xq, \
                            const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
                            float *restrict out, int64_t ostride) { \
+    if (mr == 1) return 0;  /* decode reads weights at DRAM speed: one stream (ls_qdot8_*) measured 5% faster */ \
     if (!(MIN) && n >= 4 && mr * K <= LS_VNNI_XBUF) { \
         int8_t xo[LS_VNNI_XBUF] __attribute__((aligned(64))); \
         const __m256i x80 = _mm256_set1_epi8((char)0x80); \
