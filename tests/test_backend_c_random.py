@@ -36,6 +36,7 @@ import lightspeed as ls
 from lightspeed import dtypes as dt
 from lightspeed import symbolic as sym
 from lightspeed.graph import Program, describe
+from lightspeed.kernel.schedule import Pack, Parallel, Register, Schedule, Tile, Unroll, Vectorize
 
 RTOL = 1e-5          # float32 outputs of rounding arithmetic: relative part
 ATOL = 1e-6          # ... and absolute part, per unit of the value's magnitude bound
@@ -662,6 +663,21 @@ def _compare(got: np.ndarray, want: np.ndarray, v: Val, what: str) -> None:
     np.testing.assert_allclose(g, w, rtol=rtol, atol=ATOL * max(1.0, v.mag), equal_nan=True, err_msg=what)
 
 
+@st.composite
+def gemm_schedules(draw):
+    """None (the heuristics) or a random valid schedule for every gemm kernel of a graph: register blocks,
+    vector widths, tiles (odd multiples), unrolls."""
+    if draw(st.booleans()):
+        return None
+    w = draw(st.sampled_from([4, 8, 16]))
+    nv = draw(st.integers(1, 3))
+    mr = draw(st.sampled_from([1, 2, 3, 5, 6]))
+    nr = w * nv
+    return Schedule((Parallel("m"), Tile("m", mr * draw(st.integers(1, 5))), Tile("n", nr * draw(st.integers(1, 3))),
+                     Tile("k", draw(st.sampled_from([1, 3, 8, 32, 256]))), Register("m", mr), Register("n", nr),
+                     Vectorize("n", w), Pack("a", "k"), Pack("b", "k"), Unroll("k", draw(st.sampled_from([1, 2, 4])))))
+
+
 @settings(max_examples=MAX_EXAMPLES, deadline=None, phases=PHASES,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.data())
@@ -671,8 +687,10 @@ def test_random_graph_c_matches_reference(data: st.DataObject) -> None:
     outs = [v.t for v in built.outputs]
     program = Program.build(built.graph, outs)
     note("\n".join(built.log) + "\nprogram:\n" + describe(program) + "\noutputs: " + repr(program.outputs))
+    schedule = data.draw(gemm_schedules(), label="gemm schedule")
     with time_limit(COMPILE_LIMIT_S, "compiling a random graph for the C backend"):
-        c_prog = built.graph.compile(outs, backend="c")
+        c_prog = built.graph.compile(outs, backend="c", schedules=(lambda kernel: schedule) if schedule else None)
+    event(f"gemm kernels: {sum(k.kind == 'gemm' for k in c_prog.executor.plan.kernels)}")
     for line in built.log:
         event(line.split("(")[0].split(" ")[0])
     event(f"kernels: {len(c_prog.executor.plan.kernels)}")
