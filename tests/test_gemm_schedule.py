@@ -49,6 +49,9 @@ def test_schedule_round_trips_through_json_and_later_steps_override():
     (_schedule(6, 16, 8, 50, 64, 40, 1), "multiples of the register"),
     (_schedule(6, 24, 12, 48, 48, 40, 1), "power of two"),
     (Schedule((Register("m", 4), Register("n", 8), Vectorize("n", 8))), "packed"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(SplitReduce("k", 2)), "does not apply SplitReduce"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Order(("n", "m"))), "does not apply Order"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Vectorize("k", 8)), "does not apply Vectorize"),
 ])
 def test_a_schedule_that_cannot_apply_is_refused_by_name(bad, words):
     with pytest.raises(ScheduleError, match=words):

@@ -19,7 +19,7 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.ir import loop_var
 from ...kernel.matmul_form import MatmulForm
-from ...kernel.schedule import Register, Schedule, ScheduleError, Tile, Unroll, Vectorize
+from ...kernel.schedule import Order, Register, Schedule, ScheduleError, SplitReduce, Tile, Unroll, Vectorize
 from .loop_split import block_split, hoist_invariants
 
 AXES = ("m", "n", "k")
@@ -28,6 +28,11 @@ AXES = ("m", "n", "k")
 def gemm_sizes(s: Schedule) -> dict[str, int]:
     """The sizes a gemm schedule sets (MC, NC, KC tiles, MR x NR register block, W lanes, U unroll)."""
     s.validate(AXES)
+    for step in s:
+        if isinstance(step, (SplitReduce, Order)) or (isinstance(step, Vectorize) and step.axis != "n") \
+                or (isinstance(step, Register) and step.axis == "k"):
+            raise ScheduleError(f"gemm schedule: the C renderer does not apply {step} (it vectorises n, blocks m "
+                                f"and n in registers, and runs k in order)")
     out = {"MC": s.size(Tile, "m", 96), "NC": s.size(Tile, "n", 256), "KC": s.size(Tile, "k", 256),
            "MR": s.size(Register, "m", 6), "NR": s.size(Register, "n", 16), "W": s.size(Vectorize, "n", 8),
            "U": s.size(Unroll, "k", 1)}
