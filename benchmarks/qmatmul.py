@@ -7,7 +7,11 @@ weights (about 143 MB at Q8_0) exceed the last-level cache, so one row measures 
 Prints, per row count, the min and median over runs of the time per call, the weight bytes per second,
 and the time relative to one row. Machines here are shared and noisy: compare ratios within one run.
 
-    python benchmarks/qmatmul.py [--quant q8_0] [--rows 1,2,4,8,64] [--layers 30] [--runs 10] [--json]
+    python benchmarks/qmatmul.py [--quant q8_0] [--rows 1,2,4,8,64] [--layers 30] [--runs 10] [--threads N] [--json]
+    python benchmarks/qmatmul.py --activations int8 --rows 1,2,4,8 --ab LS_NO_VNNI   # A/B: VNNI on, off
+
+``--ab MACRO`` also compiles each program with ``-DMACRO`` added to the default flags and times both in
+the same runs, interleaved, printing the time with the macro over the time without.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import statistics
 import numpy as np
 
 import lightspeed as ls
+from lightspeed.backend.c import default_flags, set_num_threads
 from lightspeed.quant import QType, block_format
 from lightspeed.quant.decode_graph import dequant_matrix_graph
 
@@ -32,7 +37,8 @@ def random_blocks(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> 
     nb = k // fmt.block_elems
     raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
     for off in {QType.Q8_0: [0], QType.Q4_0: [0], QType.Q4_1: [0, 2]}[qtype]:
-        raw[:, :, off:off + 2] = rng.uniform(-0.05, 0.05, (rows, nb)).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+        d = rng.uniform(-0.05, 0.05, (rows, nb)).astype(np.float16)
+        raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, nb * fmt.block_bytes)
 
 
@@ -52,29 +58,40 @@ def build(qtype: QType, layers: int, rng: np.random.Generator) -> tuple[ls.Graph
     return g, outs, nbytes
 
 
-def run(quant: str, rows: list[int], layers: int, runs: int, int8: bool) -> dict:
+def run(quant: str, rows: list[int], layers: int, runs: int, int8: bool, ab: str | None = None) -> list[dict]:
+    """One result per program: the default build, then (``ab``) the build with ``-D<ab>``."""
     qtype = QType[quant.upper()]
     rng = np.random.default_rng(0)
     g, outs, nbytes = build(qtype, layers, rng)
-    prog = g.compile(outs, backend="c", profile=True, int8_activations=int8)
-    ex = prog.executor
-    assert sum(k.kind == "qmatmul" for k in ex.plan.kernels) == len(outs)
-    times: dict[int, list[float]] = {m: [] for m in rows}
+    variants = [("", None)] + ([(ab, default_flags() + [f"-D{ab}"])] if ab else [])
+    progs = [g.compile(outs, backend="c", profile=True, int8_activations=int8, flags=f) for _, f in variants]
+    for prog in progs:
+        assert sum(k.kind == "qmatmul" for k in prog.executor.plan.kernels) == len(outs)
+    times = [{m: [] for m in rows} for _ in progs]
     for _ in range(runs):
-        for m in rows:  # interleaved, so that a noisy moment hits every row count alike
+        for m in rows:  # interleaved, so that a noisy moment hits every row count (and variant) alike
             feed = {"x": rng.standard_normal((m, HIDDEN), dtype=np.float32),
                     "h": rng.standard_normal((m, FFN), dtype=np.float32)}
-            prog(**feed)
-            ex.kernel_times(reset=True)
-            prog(**feed)
-            times[m].append(sum(t for name, t in ex.kernel_times(reset=True) if name.endswith(":qmatmul")))
-    base = min(times[rows[0]])
-    res = {"quant": quant, "activations": "int8" if int8 else "float", "weight_bytes": nbytes, "rows": {}}
-    for m in rows:
-        best, med = min(times[m]), statistics.median(times[m])
-        res["rows"][m] = {"ms": best * 1e3, "median_ms": med * 1e3, "gb_per_s": nbytes / best / 1e9,
-                          f"vs_{rows[0]}_row": best / base}
-    return res
+            for prog, t in zip(progs, times):
+                ex = prog.executor
+                prog(**feed)
+                ex.kernel_times(reset=True)
+                prog(**feed)
+                t[m].append(sum(t for name, t in ex.kernel_times(reset=True) if name.endswith(":qmatmul")))
+    results = []
+    for (macro, _), tv in zip(variants, times):
+        base = min(tv[rows[0]])
+        res = {"quant": quant, "activations": "int8" if int8 else "float", "weight_bytes": nbytes,
+               "defines": [macro] if macro else [], "rows": {}}
+        for m in rows:
+            best, med = min(tv[m]), statistics.median(tv[m])
+            res["rows"][m] = {"ms": best * 1e3, "median_ms": med * 1e3, "gb_per_s": nbytes / best / 1e9,
+                              f"vs_{rows[0]}_row": best / base}
+            if macro:  # the same call timed in the default build, in the same runs
+                res["rows"][m].update(ratio_min=best / min(times[0][m]),
+                                      ratio_median=med / statistics.median(times[0][m]))
+        results.append(res)
+    return results
 
 
 def main() -> None:
@@ -84,18 +101,26 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--activations", default="float,int8", help="float, int8 or both")
+    ap.add_argument("--threads", type=int, help="threads of the C backend (default: all cores)")
+    ap.add_argument("--ab", metavar="MACRO", help="also time a build with -DMACRO (e.g. LS_NO_VNNI), interleaved")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
-    results = [run(a.quant, rows, a.layers, a.runs, act == "int8") for act in a.activations.split(",")]
+    if a.threads:
+        set_num_threads(a.threads)
+    results = [r for act in a.activations.split(",")
+               for r in run(a.quant, rows, a.layers, a.runs, act == "int8", a.ab)]
     if a.json:
         print(json.dumps(results, indent=1))
         return
     for r in results:
-        print(f"{r['quant']} x {r['activations']} activations, {r['weight_bytes'] / 1e6:.0f} MB of weights:")
+        with_ = f", built with -D{r['defines'][0]}" if r["defines"] else ""
+        print(f"{r['quant']} x {r['activations']} activations{with_}, {r['weight_bytes'] / 1e6:.0f} MB of weights:")
         for m, v in r["rows"].items():
+            ab = (f"  x{v['ratio_min']:.2f} (median x{v['ratio_median']:.2f}) the default build's time"
+                  if "ratio_min" in v else "")
             print(f"  {m:4d} rows: {v['ms']:8.2f} ms (median {v['median_ms']:8.2f})  {v['gb_per_s']:6.1f} GB/s  "
-                  f"x{v[f'vs_{rows[0]}_row']:.2f} the time of {rows[0]} row(s)")
+                  f"x{v[f'vs_{rows[0]}_row']:.2f} the time of {rows[0]} row(s){ab}")
 
 
 if __name__ == "__main__":
