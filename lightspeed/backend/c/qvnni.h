@@ -22,7 +22,9 @@
 #if defined(LS_HAVE_QDOT8) && defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__) \
     && defined(__AVX512VL__) && !defined(LS_NO_VNNI) && !defined(LS_PORTABLE)
 #define LS_HAVE_QDOT8X2 1
-#define LS_VNNI_XBUF (16 * 1024)  /* bytes of pre-offset activation rows on the stack (8 rows of K = 2048) */
+/* bytes of a call's activation buffer on the stack (rows offset by 128, or q4_0's lane sums: mr * K bytes
+ * either way, so up to 8 rows of K = 2048; longer rows offset each load instead) */
+#define LS_VNNI_XBUF (16 * 1024)
 
 /* block b's 32 weight bytes of rows p and p + rb (p points at the block): row p's in the low half */
 static inline __m512i ls_vnni_w2_q8_0(const uint8_t *p, int64_t rb) {
