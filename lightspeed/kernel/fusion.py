@@ -409,7 +409,7 @@ class Former:
 # a matmul-like reduction runs as a packed gemm when its operands are at least this large (upper bounds)
 GEMM_MIN_ROWS = 8
 GEMM_MIN_COLS = 4
-GEMM_MIN_DEPTH = 16
+GEMM_MIN_DEPTH = 8
 
 
 def _gemm_sized(n: Node, rvar: sym.Var, vars_, body: ir.IR) -> bool:
