@@ -53,6 +53,17 @@ static inline __m512 ls_vnni_d2(const uint8_t *p, int64_t rb) {
     memcpy(&h1, p + rb, 2);
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(h0)), _mm_set1_epi16(h1), 1));
 }
+/* q4_1: the scales d and mins m (float16, adjacent) of blocks p and p + rb at once: d0 broadcast to the low half
+ * of *dw and d1 to the high half, [m0, m1] in the low lanes of *m */
+static inline void ls_vnni_dm2(const uint8_t *p, int64_t rb, __m512 *dw, __m128 *m) {
+    int32_t a, b;
+    memcpy(&a, p, 4);
+    memcpy(&b, p + rb, 4);
+    const __m128 f = _mm_cvtph_ps(_mm_insert_epi32(_mm_cvtsi32_si128(a), b, 1));  /* d0, m0, d1, m1 */
+    *dw = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                                _mm512_castps128_ps512(f));
+    *m = _mm_shuffle_ps(f, f, _MM_SHUFFLE(3, 1, 3, 1));
+}
 /* the upper 8 floats of a zmm (extractf32x8 would need AVX512DQ) */
 static inline __m256 ls_vnni_hi8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
@@ -71,8 +82,8 @@ enum { LS_XM_OFF, LS_XM_PRE, LS_XM_COR, LS_XM_UNS };
 static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, int64_t rb, \
         const int8_t *restrict xq, const int32_t *restrict xc, const float *restrict xd, const float *restrict xs, \
         int64_t K, int64_t nblk, float *restrict out, int64_t ostride, const int XM, const int MR) { \
-    __m512 acc[LS_QMM_ROWS]; float c0[LS_QMM_ROWS], c1[LS_QMM_ROWS]; \
-    for (int r = 0; r < MR; r++) { acc[r] = _mm512_setzero_ps(); c0[r] = 0.0f; c1[r] = 0.0f; } \
+    __m512 acc[LS_QMM_ROWS]; __m128 cm[LS_QMM_ROWS]; \
+    for (int r = 0; r < MR; r++) { acc[r] = _mm512_setzero_ps(); cm[r] = _mm_setzero_ps(); } \
     const __m512i x80 = _mm512_set1_epi8((char)0x80), z = _mm512_setzero_si512(); \
     const int UNS = XM == LS_XM_COR || XM == LS_XM_UNS; \
     for (int64_t b = 0; b < nblk; b++) { \
@@ -81,8 +92,8 @@ static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *res
         LS_PF(blk + rb + LS_QMM_PREFETCH, 0, 3); \
         const __m512i wv = UNS ? UVALS(blk, rb) : SVALS(blk, rb); \
         const __m512i base = UNS ? z : _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, x80, wv)); \
-        const __m512 dw = ls_vnni_d2(blk, rb); \
-        const float m0 = (MIN) ? ls_f16(blk + 2) : 0.0f, m1 = (MIN) ? ls_f16(blk + rb + 2) : 0.0f; \
+        __m512 dw; __m128 m2 = _mm_setzero_ps(); \
+        if (MIN) ls_vnni_dm2(blk, rb, &dw, &m2); else dw = ls_vnni_d2(blk, rb); \
         _Pragma("GCC unroll 8") \
         for (int r = 0; r < MR; r++) { \
             const __m512i xv = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq + r * K + 32 * b))); \
@@ -96,12 +107,13 @@ static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *res
             else p = _mm512_dpbusd_epi32(z, wv, xv); \
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])), \
                                      acc[r]); \
-            if (MIN) { c0[r] += m0 * xs[r * nblk + b]; c1[r] += m1 * xs[r * nblk + b]; } \
+            /* [m0, m1] * s + corr in two lanes: the fused multiply-add ls_qdot8_q4_1's scalar += compiles to */ \
+            if (MIN) cm[r] = _mm_fmadd_ps(m2, _mm_set1_ps(xs[r * nblk + b]), cm[r]); \
         } \
     } \
     for (int r = 0; r < MR; r++) { \
-        out[r * ostride] = ls_hsum256(_mm512_castps512_ps256(acc[r])) + c0[r]; \
-        out[r * ostride + 1] = ls_hsum256(ls_vnni_hi8(acc[r])) + c1[r]; \
+        out[r * ostride] = ls_hsum256(_mm512_castps512_ps256(acc[r])) + _mm_cvtss_f32(cm[r]); \
+        out[r * ostride + 1] = ls_hsum256(ls_vnni_hi8(acc[r])) + _mm_cvtss_f32(_mm_movehdup_ps(cm[r])); \
     } \
 } \
 static inline __attribute__((always_inline)) void NAME##_pairs(const uint8_t *restrict w, int64_t rb, int64_t n, \
