@@ -216,8 +216,8 @@ class _Template:
 
 @dataclass(frozen=True)
 class BytesValue:
-    """A node's value is the ``stored`` (float16) value held little-endian in its ``parts``: (node, view) pairs
-    of the byte values, lowest byte first, each a float32 cast of a uint8 tensor."""
+    """A node's value is the ``stored`` (float16 or int8) value held little-endian in its ``parts``: (node,
+    view) pairs of the byte values, lowest byte first, each a float32 cast of a uint8 tensor."""
     stored: dt.DType
     parts: tuple
 

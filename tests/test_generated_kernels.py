@@ -88,6 +88,8 @@ def test_generated_quantized_matmuls_match_the_reference_for_one_row_and_many(qt
     prog = g.compile(outs, backend="c", templates=False)
     src = prog.executor.source
     assert "ls_f16_at(" in src and "qgemm" not in src.split("ls_graph")[-1]
+    if qtype in (QType.Q8_0, QType.Q6_K):  # their signed bytes are read as int8 (one sign extension)
+        assert "(const int8_t *)" in src
     ref = g.compile(outs, backend="reference")
     for rows in (1, 2, 33):
         xv = RNG.standard_normal((rows, k)).astype(np.float32)

@@ -297,8 +297,9 @@ class Former:
         raise NotImplementedError(f"kernel formation: cannot inline {op}")
 
     def _bytes_value(self, fact, idx) -> ir.Bytes | None:
-        """A node that decodes a float16 from two bytes (``fact``) as one load of those bytes, when both are
-        read from the same uint8 buffer at consecutive offsets; else None (the primitive decode)."""
+        """A node that decodes a value stored in bytes (``fact``: a float16 from two, an int8 from one) as one
+        load of them, when they are read from one uint8 buffer at consecutive offsets; else None (the
+        primitive decode)."""
         offsets, buf = [], None
         for part, st in fact.parts:
             x = self._read(part, st, idx)
@@ -308,7 +309,8 @@ class Former:
                 return None
             buf = x.arg.buf
             offsets.append(x.arg.offset)
-        if len(offsets) != 2 or not sym.same(sym.add(offsets[0], 1), offsets[1]):
+        if len(offsets) != fact.stored.itemsize or any(not sym.same(sym.add(offsets[0], k), o)
+                                                        for k, o in enumerate(offsets)):
             return None
         return ir.Bytes(buf, offsets[0], fact.stored, dt.float32)
 

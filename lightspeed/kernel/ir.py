@@ -52,7 +52,7 @@ class Load(IR):
 
 @dataclass(eq=False)
 class Bytes(IR):
-    """The ``stored`` value (float16) held little-endian in the bytes of ``buf`` (uint8) from byte ``offset``,
+    """The ``stored`` value (float16 or int8) held little-endian in the bytes of ``buf`` (uint8) from ``offset``,
     as ``dtype`` (float32): a load in place of the primitive decode of those bytes (see
     quant/decode_graph.py, ``half_from_bytes``)."""
     buf: Buffer

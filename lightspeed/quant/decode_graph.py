@@ -100,7 +100,9 @@ def f32_from_bytes(b0: Tensor, b1: Tensor, b2: Tensor, b3: Tensor) -> Tensor:
 
 def _signed(b: Tensor) -> Tensor:
     """int8 values of bytes (two's complement)."""
-    return b + (127.0 < b) * -256.0
+    out = b + (127.0 < b) * -256.0
+    out.graph.byte_values[out.node.id] = BytesValue(dt.int8, ((b.node, b.st),))  # one signed byte
+    return out
 
 
 def _spread(x: Tensor, n, groups: tuple[int, ...], copies_at: int, copies: int) -> Tensor:

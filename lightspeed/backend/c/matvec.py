@@ -58,9 +58,10 @@ def render_matvec(r, k: ir.Kernel, form: MatmulForm, blocks: tuple, dense: sym.s
     for i in reversed(others):
         lines.append(f"        const int64_t {r.var(vars_[i])} = q % {r.idx(shape[i])}; q /= {r.idx(shape[i])};")
     mv, hv, lv = r.var(mvar), r.var(hi), r.var(lo)
+    # rows of the call innermost but one: a step's weight rows (ROWS x k) are re-read from L1 for each
     lines += ["        (void)q;",
-              f"        for (int64_t {mv} = 0; {mv} < M; {mv}++) {{",
-              f"            for (int64_t j0 = nb * {ITEM}; j0 < ls_min(N, nb * {ITEM} + {ITEM}); j0 += {ROWS}) {{"]
+              f"        for (int64_t j0 = nb * {ITEM}; j0 < ls_min(N, nb * {ITEM} + {ITEM}); j0 += {ROWS}) {{",
+              f"            for (int64_t {mv} = 0; {mv} < M; {mv}++) {{"]
     # rows past N recompute the last row (no branch in the loop) and are not stored
     lines += [f"                const int64_t {r.var(v)} = ls_min(j0 + {t}, N - 1);" for t, v in enumerate(rows)]
     lines += [f"                float acc[{ROWS}][{c}] __attribute__((aligned(64)));",

@@ -234,7 +234,9 @@ class KernelRenderer:
             return self.gather(x)
         if isinstance(x, ir.Bound):
             return x.name
-        if isinstance(x, ir.Bytes):  # float16 bytes: one conversion (F16C where there is one)
+        if isinstance(x, ir.Bytes):  # one load and conversion (sign extension, F16C where there is one)
+            if x.stored is dt.int8:
+                return f"((float)((const int8_t *){self.buf(x.buf)})[{self.idx(x.offset)}])"
             return f"ls_f16_at({self.buf(x.buf)} + ({self.idx(x.offset)}))"
         raise NotImplementedError(f"C renderer: {type(x).__name__}")
 
