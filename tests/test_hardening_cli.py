@@ -227,3 +227,19 @@ def test_quantize_into_a_directory_is_refused(tmp_path, capsys, monkeypatch) -> 
     assert cli.main(["quantize", str(src), str(tmp_path / "no" / "such" / "o.gguf"), "--type", "q8_0",
                      "--quiet"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_serve_connection_limits_are_options(monkeypatch) -> None:
+    import lightspeed.serve.server as server
+    from lightspeed.cli import main
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda opts: seen.setdefault("opts", opts) and 0)
+    main(["serve", "--header-timeout", "2.5", "--body-timeout", "7", "--keep-alive-timeout", "3",
+          "--max-connections", "12", "--max-header-bytes", "4096", "--template-seconds", "1.5"])
+    o = seen["opts"]
+    assert (o.header_timeout, o.body_timeout, o.keep_alive_timeout, o.max_connections, o.max_header_bytes,
+            o.template_seconds) == (2.5, 7.0, 3, 12, 4096, 1.5)
+    for bad in (["--header-timeout", "0"], ["--body-timeout", "nan"], ["--max-connections", "0"]):
+        with pytest.raises(SystemExit) as e:
+            main(["serve", *bad])
+        assert e.value.code == 2  # argparse's usage error, naming the option

@@ -23,7 +23,9 @@ def _serve(args: argparse.Namespace) -> int:
                         max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
                         shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, backend=args.backend,
                         threads=args.threads, activations=args.activations,
-                        kv_cache=args.kv_cache)
+                        kv_cache=args.kv_cache, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
+                        keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
+                        max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds)
     return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
 
 
@@ -31,6 +33,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 86400:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (and under a day), got {text}")
     return value
 
 
@@ -61,4 +70,17 @@ def add_serve(sub) -> None:
     add_kv_cache_argument(p)
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
+    limits = p.add_argument_group("connection limits (slow or idle clients are disconnected)")
+    limits.add_argument("--header-timeout", type=_seconds, default=10.0,
+                        help="seconds a client has to send a request's head (10)")
+    limits.add_argument("--body-timeout", type=_seconds, default=30.0,
+                        help="seconds from the head to the body's last byte, else 408 (30)")
+    limits.add_argument("--keep-alive-timeout", type=_positive, default=5,
+                        help="seconds an idle keep-alive connection stays open (5)")
+    limits.add_argument("--max-connections", type=_positive, default=256,
+                        help="open connections beyond which requests get 503 (256)")
+    limits.add_argument("--max-header-bytes", type=_positive, default=16 * 1024,
+                        help="largest request head in bytes, else 400 (16384)")
+    limits.add_argument("--template-seconds", type=_seconds, default=5.0,
+                        help="wall-clock bound of one chat-template render (5)")
     p.set_defaults(handler=_serve)
