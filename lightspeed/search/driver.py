@@ -2,8 +2,9 @@
 schedule search on the resulting kernel plan, sharing one time budget.
 
 Level 1 (quick): exact rewrites (the rewrite package's SAFE rules), an e-graph holding the program and
-its lowered kernels as alternatives (extracted by the calibrated cost model: which to lower), and a few
-knob settings per kernel.
+its lowered kernels as alternatives (extracted by the calibrated cost model: which to lower), the quantized
+matmul templates timed against the compiler's own kernels for the same nodes (template_race.py: a slower
+template is dropped), and a few knob settings per kernel.
 Level 2 (thorough): the e-graph with exact and rounding rules and the lowered alternatives, and a grid
 of knob settings.
 """
@@ -12,14 +13,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..backend.c.compiler import default_flags, find_compiler
+from ..backend.c.scheduling import assign_schedules
 from ..graph import Program
 from ..kernel.fusion import KernelPlan, form_kernels
 from ..rewrite import rewrite_program, rules
 from .lowering import LoweringChoice, choose_lowerings, find_alternatives
-from .schedule import ScheduleResult, tune_schedule
+from .schedule import ScheduleResult, tune_dims, tune_schedule
+from .template_race import RaceResult, race_templates
 
 DEFAULT_BUDGET_S = {1: 30.0, 2: 120.0}
 GRAPH_SHARE = 0.25  # of the budget, at most, for graph-level search (level 2)
+RACE_MIN_BUDGET_S = 5.0  # templates are raced against generated kernels when this much budget is left
 
 
 @dataclass
@@ -30,6 +35,7 @@ class SearchReport:
     rewrites: dict = field(default_factory=dict)  # rule name -> times fired (level 1)
     # the lowered kernels that were alternatives, their costs and which were chosen (``decisions``)
     lowering: LoweringChoice | None = None
+    race: RaceResult | None = None  # templates against generated kernels, measured (template_race.py)
     schedule: ScheduleResult | None = None
     seconds: float = 0.0
 
@@ -73,8 +79,12 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
             report.lowering = LoweringChoice(note=str(e))
         if not report.lowering.all_chosen:
             lower_only = report.lowering.lower_only
+    if templates and budget - (time.perf_counter() - t0) >= RACE_MIN_BUDGET_S:
+        lower_only, report.race = race_templates(new, lower_only, form_options, cc or find_compiler(),
+                                                 list(flags) if flags is not None else default_flags(),
+                                                 tune_dims(new, dims))
     if new is not program or lower_only is not None:
-        plan = form_kernels(new, **form_options, lower_only=lower_only)
+        plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only))
     remaining = budget - (time.perf_counter() - t0)
     report.schedule = tune_schedule(new, plan, level, max(remaining, 0.0), cc, flags, dims, progress=progress)
     report.seconds = time.perf_counter() - t0
