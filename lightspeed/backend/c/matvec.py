@@ -38,6 +38,23 @@ def blocked_form(form: MatmulForm, k: ir.Kernel) -> tuple[int, sym.Var, sym.Var,
     return PLAIN_BLOCK, hi, lo, body
 
 
+def _prefetches(r, row_body: ir.IR, row: sym.Var, lo: sym.Var) -> list[str]:
+    """Software prefetches of the weight bytes the step after this one reads at the same block: the loads of
+    ``row_body`` that walk its row (``row``) along the block (``lo``), ``ROWS`` rows ahead (a few KiB: the
+    hardware prefetcher alone leaves a decode's weight stream at a fraction of the memory bandwidth)."""
+    out, seen = [], set()
+    for y in row_body.walk():
+        if not isinstance(y, (ir.Load, ir.Bytes)) or y.buf.kind not in ("const", "input"):
+            continue
+        free = sym.free_vars(y.offset)
+        if row not in free or lo not in free or id(y.buf) in seen:
+            continue
+        seen.add(id(y.buf))
+        ahead = sym.to_expr(y.offset).substitute({row: sym.add(row, ROWS), lo: 0})
+        out.append(f"__builtin_prefetch(&{r.buf(y.buf)}[{r.idx(ahead)}], 0, 3);")
+    return out
+
+
 def render_matvec(r, k: ir.Kernel, form: MatmulForm, blocks: tuple, dense: sym.sint, grain: int) -> tuple[str, str]:
     """(function text, launch text) of ``k`` as blocked dot products (see the module docstring); ``r`` is the
     KernelRenderer, ``dense`` the output offset over the kernel's loop variables."""
@@ -71,6 +88,7 @@ def render_matvec(r, k: ir.Kernel, form: MatmulForm, blocks: tuple, dense: sym.s
     for t, v in enumerate(rows):
         row_body, hoisted = hoist_invariants(substitute(body, {nvar: v}), lo, f"hs{t}_")
         lines += [f"                    const float {name} = {r.expr(h)};" for name, h in hoisted]
+        lines += [f"                    {p}" for p in _prefetches(r, row_body, v, lo)]
         steps.append(f"acc[{t}][{lv}] += {r.expr(row_body)};")
     lines += ['                    _Pragma("omp simd")',
               f"                    for (int64_t {lv} = 0; {lv} < {c}; {lv}++) {{ " + " ".join(steps) + " }",
