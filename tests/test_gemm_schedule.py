@@ -89,6 +89,14 @@ def test_a_matmul_becomes_a_gemm_kernel_with_the_default_schedule():
     assert "gemm" not in _kinds(off)
 
 
+def test_a_plan_from_the_plan_cache_shows_the_schedules_it_was_rendered_with(tmp_path, monkeypatch):
+    from lightspeed.backend.c.plan_cache import CachedPlan
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path))
+    cold, warm = _matmul_prog(64, 48, 80, True), _matmul_prog(64, 48, 80, True)
+    assert isinstance(warm.executor.plan, CachedPlan) and not isinstance(cold.executor.plan, CachedPlan)
+    assert warm.executor.plan.kernels[0].schedule == cold.executor.plan.kernels[0].schedule is not None
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_symbolic_rows_run_at_every_length_including_the_few_rows_path(transposed):
     seq = ls.dim("seq", 1, 300)
