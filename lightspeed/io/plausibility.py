@@ -79,6 +79,15 @@ def arch_float(gf, name: str, default: Any = REQUIRED, **bounds: float) -> float
     return meta_float(gf.path, f"{gf.architecture}.{name}", value, **bounds)
 
 
+def gguf_layer_count(gf, has_tensor: Callable[[str], bool]) -> int:
+    """``<architecture>.block_count``, bounded and checked against the file's ``blk.{i}.attn_norm.weight``
+    tensors (``has_tensor``) before anything is allocated from it."""
+    n_layers = arch_int(gf, "block_count", hi=MAX_LAYERS)
+    check_layers(gf.path, f"{gf.architecture}.block_count", n_layers,
+                 lambda i: has_tensor(f"blk.{i}.attn_norm.weight"), "tensor 'blk.{i}.attn_norm.weight'")
+    return n_layers
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"

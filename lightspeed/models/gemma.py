@@ -40,7 +40,7 @@ from ..frontend import gelu, linear, rms_norm, rope, rope_inv_freq, scaled_dot_p
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
 from ..io.plausibility import (MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB, REQUIRED, arch_float, arch_int, check_layers,
-                               check_shapes, meta_float, meta_int)
+                               check_shapes, gguf_layer_count, meta_float, meta_int)
 from ..tensor import Tensor
 from .base import CacheSpec, CausalLM, KVAppend, ModelConfig
 from .weights import GGUFWeights, SafetensorsWeights
@@ -188,9 +188,7 @@ class Gemma(CausalLM):
             raise ModelFormatError(gf.path, f"architecture {arch!r} is not a Gemma 3 model")
         weights = GGUFWeights(gf)
         # every number is checked as it is read, the layer count against the tensors first
-        n_layers = arch_int(gf, "block_count", hi=MAX_LAYERS)
-        check_layers(gf.path, f"{arch}.block_count", n_layers, lambda i: f"blk.{i}.attn_norm.weight" in weights,
-                     "tensor 'blk.{i}.attn_norm.weight'")
+        n_layers = gguf_layer_count(gf, weights.__contains__)
         hidden = arch_int(gf, "embedding_length")
         n_heads = arch_int(gf, "attention.head_count")
         head_dim = arch_int(gf, "attention.key_length", max(hidden // n_heads, 1))

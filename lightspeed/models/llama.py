@@ -25,7 +25,7 @@ from ..frontend import linear, rms_norm, rope, rope_inv_freq, scaled_dot_product
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
 from ..io.plausibility import (MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB, REQUIRED, arch_float, arch_int, check_layers,
-                               check_shapes, meta_float, meta_int)
+                               check_shapes, gguf_layer_count, meta_float, meta_int)
 from ..symbolic import sint
 from ..tensor import Tensor
 from .base import CacheSpec, CausalLM, KVAppend, ModelConfig
@@ -163,9 +163,7 @@ class Llama(CausalLM):
         weights = GGUFWeights(gf)
         # every number is checked as it is read, the layer count against the tensors first (nothing is
         # allocated from the metadata before these checks)
-        n_layers = arch_int(gf, "block_count", hi=MAX_LAYERS)
-        check_layers(gf.path, f"{arch}.block_count", n_layers, lambda i: f"blk.{i}.attn_norm.weight" in weights,
-                     "tensor 'blk.{i}.attn_norm.weight'")
+        n_layers = gguf_layer_count(gf, weights.__contains__)
         hidden = arch_int(gf, "embedding_length")
         n_heads = arch_int(gf, "attention.head_count")
         head_dim = arch_int(gf, "attention.key_length", max(hidden // n_heads, 1))
