@@ -365,21 +365,21 @@ class KernelRenderer:
             form = match_matmul(k.value, k.loop_vars)
             if form is None:
                 raise ValueError(f"kernel {k.name}: kind 'gemm' but its value is not matmul-like")
-            small = self.few_rows(k, form)
+            small = self.few_rows(k, form, "tiled")
             return render_gemm(self, k, k.schedule or gemm_schedule(self.target), form, small,
                                dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
         if k.kind == "loop":
             form = match_matmul(k.value, k.loop_vars)  # a matmul too small for a gemm kernel (a matvec)
             if form is not None:
-                return self.few_rows(k, form)
+                return self.few_rows(k, form, "loop")  # kernel formation chose the loop form over the tiled
             return self.loop_kernel(self.blocked_reductions(k), k.kind)
         return self.loop_kernel(k, k.kind)
 
-    def few_rows(self, k: ir.Kernel, form) -> tuple[str, str]:
+    def few_rows(self, k: ir.Kernel, form, along_n: str) -> tuple[str, str]:
         """A matmul-like kernel for calls with few rows: blocked dot products (matvec.py) when b is read along
-        k, else the tiled loop form, vectorised along n."""
+        k, else the loop form ``along_n`` ("tiled": vectorised along n; "loop": as kernel formation chose)."""
         if inner_var(form.b, k.loop_vars[form.n], form.reduce.var) is k.loop_vars[form.n]:
-            return self.loop_kernel(k, "tiled")
+            return self.loop_kernel(k if along_n == "tiled" else self.blocked_reductions(k), along_n)
         blocks = blocked_form(form, k)
         if blocks is None:
             return self.loop_kernel(self.blocked_reductions(k), "loop")
