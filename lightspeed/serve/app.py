@@ -29,6 +29,7 @@ from . import anthropic
 from .common import ServerState, chat_ids, check_auth, check_model, new_id, parse_body, token_budget
 from .engine import EngineStoppedError
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
+from .page import add_chat_page
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
 from .sequence import ERROR, LOGPROBS, TEXT, RequestOptions
 from .streams import Choices, sse, streaming_response
@@ -104,6 +105,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def _internal(request: Request, e: Exception) -> JSONResponse:
         return _error_response(request, APIError(500, f"internal error: {type(e).__name__}: {e}",
                                                  type="server_error"))
+
+    add_chat_page(app)
 
     @app.get("/health")
     async def health() -> JSONResponse:
