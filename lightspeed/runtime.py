@@ -62,6 +62,15 @@ class CompiledGraph:
         self._out_spec = [(node.dtype, tuple(int(s) if sym.is_const(s) else s.name if isinstance(s, sym.Var) else s
                                              for s in st.shape)) for node, st in program.outputs]
 
+    def input_spec(self) -> list[tuple]:
+        """Per input: (name, number of axes, numpy dtype, axes, donated); an axis is (index, 0, size) or
+        (index, 1, dimension name); an axis whose size is another expression is left out of ``axes``."""
+        return list(self._spec)
+
+    def dim_bounds(self) -> list[tuple[str, int, int]]:
+        """(name, lowest, highest value) of each dimension."""
+        return list(self._bounds)
+
     def bind(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None) -> tuple[dict, dict]:
         """Check every input and dimension; return (arrays, dimension values). Raises ValueError."""
         env: dict[str, int] = {}

@@ -44,6 +44,7 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import arange, concatenate
 from ..graph import Graph
+from ..row_step import RowStep
 from ..symbolic import sint
 from ..tensor import Tensor
 
@@ -212,6 +213,10 @@ class CompiledLM:
         self.ctx, self.max_chunk, self.last_only, self.vocab_size = ctx, max_chunk, last_only, vocab_size
         self.kv_update = kv_update
         self.build_seconds, self.compile_seconds = build_seconds, compile_seconds
+        self._cache_names = tuple(s.name for s in specs)
+        self._row_step: RowStep | None = None
+        self._row_step_key: tuple = ()
+        self._ids_in: dict[str, np.ndarray] = {}
 
     @property
     def kv_dtype(self) -> str:
@@ -230,20 +235,47 @@ class CompiledLM:
         n = ids.shape[0]
         if not 1 <= n <= self.max_chunk:
             raise ValueError(f"run: {n} tokens; a call takes 1 to {self.max_chunk} (split longer inputs)")
+        if type(pos) is not int:
+            pos = int(pos)
         if pos < 0 or pos + n > self.ctx:
             raise ValueError(f"run: positions {pos}..{pos + n - 1} exceed the context bound of {self.ctx} tokens")
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
+        lo, hi = (int(ids[0]), int(ids[0])) if n == 1 else (int(ids.min()), int(ids.max()))
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {lo}..{hi}")
         if self.kv_update == "scatter":
-            outs = self.program(dims={"pos": int(pos)}, tokens=ids, **caches)
+            outs = self.program(dims={"pos": pos}, tokens=ids, **caches)
             return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
         # the new rows are written straight into the caches (rows pos.. are not read by this step), so a
-        # long prompt allocates no second copy of its keys and values
-        into = {k: caches[s.name][pos:pos + n] for k, s in enumerate(self.cache_specs, 1)}
-        if not all(a.flags.c_contiguous and a.flags.writeable for a in into.values()):
-            outs = self.program(dims={"pos": int(pos)}, tokens=ids, **caches)
-            for s, rows in zip(self.cache_specs, outs[1:]):
-                caches[s.name][pos:pos + n] = rows
-            return outs[0], caches
-        outs = self.program.run(dict(tokens=ids, **caches), dims={"pos": int(pos)}, out=into)
+        # long prompt allocates no second copy of its keys and values; the caches are checked once per set
+        # of arrays (a RowStep), not on every call
+        step = self._row_step_for(caches)
+        if step is not None:
+            ids_in = self._ids_in
+            ids_in["tokens"] = ids
+            return step.run(ids_in, {"pos": pos}, pos)[0], caches
+        outs = self.program(dims={"pos": pos}, tokens=ids, **caches)
+        for s, rows in zip(self.cache_specs, outs[1:]):
+            caches[s.name][pos:pos + n] = rows
         return outs[0], caches
+
+    def _row_step_for(self, caches: dict[str, np.ndarray]) -> "RowStep | None":
+        """The RowStep over these cache arrays (made when they differ from the last call's), or None where
+        they cannot be written in place (read-only or non-contiguous: the caller copies rows instead)."""
+        try:
+            arrays = tuple(map(caches.__getitem__, self._cache_names))
+        except KeyError as e:
+            raise ValueError(f"run: the caches have no array {e.args[0]!r}; expected {list(self._cache_names)}") \
+                from None
+        key = tuple(map(id, arrays))
+        if self._row_step is not None and self._row_step_key == key:
+            return self._row_step
+        if len(caches) != len(arrays):
+            raise ValueError(f"run: unexpected cache arrays {sorted(set(caches) - set(self._cache_names))}")
+        if not all(a.flags.c_contiguous and a.flags.writeable for a in arrays):
+            return None
+        ids = np.zeros(1, dtype=np.int32)
+        self._row_step = RowStep(self.program, {"tokens": ids, **caches},
+                                 writes={k: name for k, name in enumerate(self._cache_names, 1)},
+                                 varying=["tokens"], dims={"pos": 0})
+        self._row_step_key = key  # the RowStep holds the arrays, so their ids stay theirs
+        return self._row_step

@@ -80,6 +80,18 @@ def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+class _RowTargets:
+    """What ``run_rows`` needs of a RowStep: the output slots it points into rows of caller arrays (held
+    here, so they stay alive), the other outputs, and the inputs that change between calls."""
+
+    def __init__(self, slots: list[int], bases: list[int], row_bytes: list[int], arrays: list[np.ndarray],
+                 others: list[tuple], varying: list[tuple[int, str, int]], n_outputs: int):
+        self.slots = np.array(slots, dtype=np.intp)
+        self.bases = np.array(bases, dtype=np.uintp)
+        self.row_bytes = np.array(row_bytes, dtype=np.uintp)
+        self.arrays, self.others, self.varying, self.n_outputs = arrays, others, varying, n_outputs
+
+
 @register_backend("c")
 class CBackend:
     """Executor for ``backend="c"``. Options: ``cc`` (compiler command), ``flags`` (list of compiler flags),
@@ -138,6 +150,8 @@ class CBackend:
         n_slots = len(plan.inputs) + len(plan.consts) + len(set(id(b) for b in plan.outputs))
         self._ptrs = _FFI.new("void *[]", max(n_slots, 1))
         self._dims = _FFI.new("int64_t[]", max(len(plan.dims), 1))
+        # the slots as integers, so run_rows sets many addresses in one numpy assignment
+        self._slot_view = np.frombuffer(_FFI.buffer(self._ptrs), dtype=np.uintp)
         self._consts = [c.array for _, c in plan.consts]  # keep them alive
         if huge_pages:
             self._consts = _weights_on_huge_pages(self._consts)
@@ -148,6 +162,7 @@ class CBackend:
         self._arena_ptr = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)
         self._in_slots = [(b.name, b.slot) for b in plan.inputs]
         self._last_inputs: list[np.ndarray | None] = [None] * len(self._in_slots)
+        self._rows_owner = None  # the row targets whose fixed inputs the slots hold (run_rows)
         self._dim_names = [v.name for v in plan.dims]
         self._outs = []  # (slot, shape exprs, numpy dtype, first index using that buffer)
         seen: dict[int, int] = {}
@@ -172,10 +187,64 @@ class CBackend:
                 self._profile[i] = 0
         return out
 
+    def prepare_rows(self, targets: dict[int, np.ndarray], varying: list[str]) -> "_RowTargets | None":
+        """For ``lightspeed.row_step.RowStep``: output k goes into rows of ``targets[k]`` (checked by the
+        caller: writable, C-contiguous, same dtype and row shape); only the inputs named in ``varying`` change
+        between calls. None where an output has no buffer of its own (a donated input or a duplicate),
+        which the ordinary path handles."""
+        slots, bases, row_bytes, others = [], [], [], []
+        for k, (slot, shape, npdt, first) in enumerate(self._outs):
+            if npdt is None or first != k:
+                return None
+            if k in targets:
+                slots.append(slot)
+                bases.append(targets[k].ctypes.data)
+                row_bytes.append(targets[k].strides[0])
+            else:
+                others.append((k, slot, shape, npdt))
+        names = set(varying)
+        moving = [(k, name, slot) for k, (name, slot) in enumerate(self._in_slots) if name in names]
+        return _RowTargets(slots, bases, row_bytes, list(targets.values()), others, moving, len(self._outs))
+
+    def run_rows(self, inputs: dict[str, np.ndarray], env: dict[str, int], targets: _RowTargets,
+                 row: int) -> list[np.ndarray | None]:
+        """Run once with the outputs of ``targets`` written at ``row`` of their arrays (None in the result);
+        the caller checked everything, as for ``run``."""
+        ptrs = self._ptrs
+        last = self._last_inputs
+        # the fixed inputs' addresses are in their slots unless another call ran since the last one of these
+        slots = targets.varying if self._rows_owner is targets else [
+            (k, name, slot) for k, (name, slot) in enumerate(self._in_slots)]
+        copies = []  # contiguous copies of non-contiguous inputs, alive until the call returns
+        for k, name, slot in slots:
+            a = inputs[name]
+            if a is not last[k]:
+                if a.flags.c_contiguous:
+                    last[k] = a
+                else:
+                    a = np.ascontiguousarray(a)
+                    copies.append(a)
+                    last[k] = None
+                ptrs[slot] = _from_buffer(a)
+        # a copy dies with this call: then the next one sets every slot again
+        self._rows_owner = None if copies else targets
+        dims = self._dims
+        for i, name in enumerate(self._dim_names):
+            dims[i] = env[name]
+        self._slot_view[targets.slots] = targets.bases + targets.row_bytes * np.uintp(row)
+        outs: list = [None] * targets.n_outputs
+        for k, slot, shape, npdt in targets.others:
+            o = np.empty(shape if type(shape) is tuple else shape(env), dtype=npdt)
+            ptrs[slot] = _from_buffer(o)
+            outs[k] = o
+        self._fn(ptrs, dims, self._arena_ptr)
+        return outs
+
     def run(self, inputs: dict[str, np.ndarray], env: dict[str, int],
             out: dict[int, np.ndarray] | None = None) -> list[np.ndarray]:
         """Run once; ``out`` maps output indices to arrays (checked by the caller: shape, dtype, C order)
         that the program writes into instead of new ones."""
+        self._rows_owner = None
         ptrs = self._ptrs
         used = {}  # the arrays native code sees (contiguous copies of non-contiguous inputs)
         last = self._last_inputs
