@@ -72,7 +72,10 @@ class RowStep:
             if self._out_dtypes[k] != arrays[name].dtype:
                 raise ValueError(f"RowStep: output {k} is {self._out_dtypes[k]}, but {name!r} is "
                                  f"{arrays[name].dtype}")
-        self._rows_by_env: dict[tuple, int] = {}  # env -> rows each written output has (checked shapes)
+        # the dimensions the written outputs' shapes depend on -> their row count (shapes checked)
+        written_shapes = [s for k in self.writes for s in graph.program.outputs[k][1].shape]
+        self._shape_dims = sorted({v.name for v in sym.free_vars(*written_shapes)})
+        self._rows_by_env: dict[tuple, int] = {}
         self._rows_of(env)
         executor = graph.executor
         self._native = None
@@ -82,7 +85,7 @@ class RowStep:
     def _rows_of(self, env: Mapping[str, int]) -> int:
         """Rows of the written outputs under ``env`` (every written output must have the same count and
         its target's row shape)."""
-        key = tuple(sorted(env.items()))
+        key = tuple(env[name] for name in self._shape_dims)
         rows = self._rows_by_env.get(key)
         if rows is not None:
             return rows
