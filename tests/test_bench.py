@@ -74,7 +74,7 @@ def test_report_has_the_fields_and_they_agree(report, tiny):
 
 
 def test_peers_report_ratios_or_why_they_were_skipped(report):
-    assert set(report["peers"]) | set(report["peers_skipped"]) == {"llama.cpp", "pytorch"}
+    assert set(report["peers"]) | set(report["peers_skipped"]) == {"llama.cpp", "pytorch", "pytorch-bf16"}
     for peer in report["peers"].values():
         assert peer["decode_tokens_per_s"] > 0 and peer["prefill_tokens_per_s"] > 0
         assert peer["lightspeed_decode_ratio"] == pytest.approx(report["decode_tokens_per_s"]
@@ -88,7 +88,8 @@ def test_peers_report_ratios_or_why_they_were_skipped(report):
         import transformers
     except ImportError:
         return
-    assert "pytorch" in report["peers"], report["peers_skipped"].get("pytorch")
+    for name in ("pytorch", "pytorch-bf16"):
+        assert name in report["peers"], report["peers_skipped"].get(name)
 
 
 def test_text_report_names_every_engine(report):

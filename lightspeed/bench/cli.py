@@ -45,7 +45,8 @@ def add_bench(sub) -> None:
     add_activations_argument(p)
     add_kv_cache_argument(p)
     p.add_argument("--peers", action="store_true",
-                   help="also time llama.cpp (llama-cpp-python) and PyTorch eager (transformers), when installed")
+                   help="also time llama.cpp (llama-cpp-python) and PyTorch eager (transformers; float32 and "
+                        "bfloat16), when installed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="draw a bar chart (needs matplotlib)")
     p.add_argument("--probe-reps", type=int, default=5, help="bandwidth probe passes per run (default: 5)")

@@ -1,5 +1,5 @@
 """The engines a benchmark times: Lightspeed's compiled step and, as peers, llama.cpp (through
-llama-cpp-python) and PyTorch eager (transformers), all reading the same GGUF file.
+llama-cpp-python) and PyTorch eager (transformers; float32 and bfloat16), all reading the same GGUF file.
 
 Every engine runs the same work: prefill a prompt of token ids, then decode ``n`` tokens one
 at a time, each fed back as the greedy choice (argmax) of the previous logits. ``run``
@@ -88,19 +88,22 @@ class LlamaCppEngine:
 
 
 class TorchEngine:
-    """PyTorch eager: transformers loads the GGUF (dequantized to float32) and runs with its KV cache."""
+    """PyTorch eager: transformers loads the GGUF (dequantized to ``dtype``: "float32", or "bfloat16", the
+    fastest prefill peer on CPUs with AVX-512 BF16 or AMX) and runs with its KV cache."""
 
-    name = "pytorch"
-
-    def __init__(self, path: str, threads: int) -> None:
+    def __init__(self, path: str, threads: int, dtype: str = "float32") -> None:
         import torch
         import transformers
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"TorchEngine: dtype {dtype!r} is not float32 or bfloat16")
         torch.set_num_threads(threads)
         folder, file = os.path.split(os.path.abspath(path))
         self.torch = torch
+        self.name = "pytorch" if dtype == "float32" else "pytorch-bf16"
         self.model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file,
-                                                                       dtype=torch.float32).eval()
-        self.label = f"PyTorch {torch.__version__.split('+')[0]} eager, float32 (transformers {transformers.__version__})"
+                                                                       dtype=getattr(torch, dtype)).eval()
+        self.label = (f"PyTorch {torch.__version__.split('+')[0]} eager, {dtype} "
+                      f"(transformers {transformers.__version__})")
         # newer transformers name the KV cache argument "cache" and warn about "past_key_values"
         params = inspect.signature(self.model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"

@@ -24,7 +24,7 @@ from .engines import LightspeedEngine, LlamaCppEngine, TorchEngine
 from .machine import PeakRSS, available_cores, machine_summary, source_revision
 from .probe import measure_read_bandwidth
 
-PEERS = ("llama.cpp", "pytorch")
+PEERS = ("llama.cpp", "pytorch", "pytorch-bf16")
 PAUSE_S = 0.25  # lets the previous engine's spinning worker threads go to sleep before the next one
 
 
@@ -105,6 +105,8 @@ def _make_peer(name: str, path: str, threads: int, ctx: int, batch: int):
         return LlamaCppEngine(path, threads, ctx, batch)
     if name == "pytorch":
         return TorchEngine(path, threads)
+    if name == "pytorch-bf16":
+        return TorchEngine(path, threads, dtype="bfloat16")
     raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
 
 
