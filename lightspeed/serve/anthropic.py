@@ -7,23 +7,34 @@
 The request is validated as strictly as the OpenAI ones (unknown fields are refused by name); the
 conversation (``system``, then user/assistant turns of text) is rendered with the model's chat template.
 Consecutive turns of one role are joined into one turn, as Anthropic does, and a final assistant turn is
-a prefill: the reply continues it. Only text content is served: tool use, images and documents are
-refused (400). Errors use Anthropic's shape, ``{"type": "error", "error": {"type", "message"}}``;
-streaming sends Anthropic's events (``message_start``, ``content_block_start``, ``ping``,
-``content_block_delta``..., ``content_block_stop``, ``message_delta``, ``message_stop``).
+a prefill: the reply continues it. Images and documents are refused (400). Errors use Anthropic's
+shape, ``{"type": "error", "error": {"type", "message"}}``; streaming sends Anthropic's events
+(``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``..., ``content_block_stop``,
+``message_delta``, ``message_stop``).
+
+Tools: ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice`` (``auto``, ``any``,
+``tool`` with a ``name``, ``none``) work as on chat completions (``lightspeed.structured.tools``; ``any``
+and ``tool`` generate one call under the tool's schema). Assistant turns may hold ``tool_use`` blocks and
+user turns ``tool_result`` blocks answering them by ``tool_use_id``. A reply's calls are ``tool_use``
+blocks (``stop_reason: "tool_use"``), streamed as a ``content_block_start`` with empty ``input``, one
+``input_json_delta`` and a ``content_block_stop``.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from starlette.concurrency import run_in_threadpool
 
 from ..generate import SamplingParams
-from .common import ServerState, chat_ids, check_model, new_id, parse_body, token_budget
+from ..structured import CompiledGrammar
+from ..structured.tools import Tool, ToolCall
+from .common import ServerState, check_model, new_id, parse_body, token_budget
+from .constraints import ToolPlan, ToolReply, plan_tools, tool_prompt
 from .protocol import MAX_STOP_CHARS, APIError, _Strict
 from .sequence import ERROR, TEXT, RequestOptions, Sequence
 from .streams import Choices, sse, streaming_response
@@ -44,12 +55,74 @@ class TextBlock(_Strict):
     cache_control: dict[str, Any] | None = None  # accepted and ignored (there is no prompt cache to steer)
 
 
-class Message(_Strict):
-    role: Literal["user", "assistant"]
-    content: str | list[TextBlock] = Field(min_length=1)
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=64)
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1, max_length=256)
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: dict[str, Any] | None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        body = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(b.text for b in self.content)
+        return ("error: " if self.is_error else "") + (body or "")
+
+
+Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock], Field(discriminator="type")]
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _blocks(self):
+        if isinstance(self.content, list):
+            wrong = "tool_result" if self.role == "assistant" else "tool_use"
+            if any(b.type == wrong for b in self.content):
+                raise ValueError(f"content: {wrong} blocks may not appear in {self.role} messages")
+        return self
+
+    def blocks(self, kind: str) -> list:
+        return [] if isinstance(self.content, str) else [b for b in self.content if b.type == kind]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.blocks("text"))
+
+
+class ToolDef(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=8192)
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: dict[str, Any] | None = None
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object(cls, v):
+        if v.get("type") != "object":
+            raise ValueError("input_schema.type must be 'object'")
+        return v
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = Field(None, min_length=1, max_length=64)
+    disable_parallel_tool_use: bool | None = None
+
+    @model_validator(mode="after")
+    def _name(self):
+        if (self.name is not None) != (self.type == "tool"):
+            raise ValueError("tool_choice of type 'tool' needs a name, and only it takes one")
+        return self
 
 
 class Metadata(_Strict):
@@ -66,17 +139,45 @@ class _Conversation(_Strict):
             return self.system or None
         return "".join(b.text for b in self.system) or None
 
-    def turns(self) -> tuple[list[dict[str, str]], str | None]:
-        """The role/content dicts of the conversation (consecutive turns of a role joined) and the
-        prefill: the text of a final assistant turn, which the reply continues (None without one)."""
-        turns: list[dict[str, str]] = []
-        for m in self.messages:
-            if turns and turns[-1]["role"] == m.role:
-                turns[-1]["content"] += "\n\n" + m.text()
-            else:
-                turns.append({"role": m.role, "content": m.text()})
-        if turns[0]["role"] != "user":
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+
+    def tool_list(self) -> list[Tool]:
+        return [Tool(t.name, t.description, t.input_schema) for t in self.tools or []]
+
+    def choice(self) -> tuple[str, str | None]:
+        """``tool_choice`` as (mode, name) in the vocabulary of ``constraints.plan_tools``."""
+        c = self.tool_choice
+        if c is None:
+            return ("auto" if self.tools else "none"), None
+        return {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[c.type], c.name
+
+    def turns(self) -> tuple[list[dict[str, Any]], str | None]:
+        """The role/content dicts of the conversation (consecutive text turns of a role joined; tool_use
+        blocks as the assistant's ``tool_calls``, tool_result blocks as ``tool`` turns) and the prefill:
+        the text of a final assistant turn, which the reply continues (None without one)."""
+        turns: list[dict[str, Any]] = []
+        calls: set[str] = set()
+        for i, m in enumerate(self.messages):
+            for r in m.blocks("tool_result"):
+                if r.tool_use_id not in calls:
+                    raise APIError(400, f"messages.{i}: tool_result for {r.tool_use_id[:80]!r}, which no earlier "
+                                        "tool_use block has as its id", param=f"messages.{i}.content")
+                turns.append({"role": "tool", "tool_call_id": r.tool_use_id, "content": r.text()})
+            uses = [ToolCall(b.id, b.name, json.dumps(b.input, ensure_ascii=False)) for b in m.blocks("tool_use")]
+            calls.update(c.id for c in uses)
+            text = m.text()
+            if uses:
+                turns.append({"role": m.role, "content": text, "tool_calls": uses})
+            elif turns and turns[-1]["role"] == m.role and not turns[-1].get("tool_calls"):
+                turns[-1]["content"] += "\n\n" + text
+            elif text or not m.blocks("tool_result"):
+                turns.append({"role": m.role, "content": text})
+        if self.messages[0].role != "user" or turns[0]["role"] != "user":
             raise APIError(400, "messages: the first message must use the \"user\" role", param="messages")
+        if turns[-1].get("tool_calls"):
+            raise APIError(400, "messages: the last assistant message holds tool_use blocks; answer them with "
+                                "tool_result blocks in a user message", param="messages")
         prefill = turns.pop()["content"] if turns[-1]["role"] == "assistant" else None
         system = self.system_text()
         return ([{"role": "system", "content": system}] if system else []) + turns, prefill
@@ -128,29 +229,41 @@ def error_response(e: APIError) -> JSONResponse:
 
 
 # generation ------------------------------------------------------------------------------------------
-async def _prompt(state: ServerState, req: _Conversation) -> list[int]:
+async def _prompt(state: ServerState, req: _Conversation, plan: ToolPlan) -> list[int]:
     turns, prefill = req.turns()
-    ids = await chat_ids(state, turns)
+    ids = await tool_prompt(state, turns, plan)
     if prefill:
         ids = ids + await run_in_threadpool(state.model.tokenizer.encode_plain, prefill)
     return ids
 
 
-def _options(state: ServerState, req: MessagesRequest, n_prompt: int) -> RequestOptions:
+async def _plan(state: ServerState, req: _Conversation) -> ToolPlan:
+    return await plan_tools(state, req.tool_list(), *req.choice())
+
+
+def _options(state: ServerState, req: MessagesRequest, n_prompt: int,
+             grammar: CompiledGrammar | None) -> RequestOptions:
     max_tokens = token_budget(state, n_prompt, req.max_tokens, prompt_param="messages")
     # top_p = 0 keeps only the most likely token (as greedy), which the sampler spells as a tiny mass
     top_p = 1.0 if req.top_p is None else req.top_p or 1e-9
     params = SamplingParams(temperature=req.temperature, top_k=req.top_k or 0, top_p=top_p)
-    return RequestOptions(max_tokens=max_tokens, params=params, stop=list(req.stop_sequences or []))
+    return RequestOptions(max_tokens=max_tokens, params=params, stop=list(req.stop_sequences or []),
+                          grammar=grammar)
 
 
-def _stop(seq: Sequence) -> tuple[str, str | None]:
+def _stop(seq: Sequence, reply: ToolReply) -> tuple[str, str | None]:
     """Anthropic's stop_reason and stop_sequence for a finished sequence."""
     if seq.finish_reason == "length":
         return "max_tokens", None
     if seq.stops.matched is not None:
         return "stop_sequence", seq.stops.matched
+    if reply.calls:
+        return "tool_use", None
     return "end_turn", None
+
+
+def _tool_use(call: tuple[str, str, str]) -> dict:
+    return {"type": "tool_use", "id": call[0], "name": call[1], "input": json.loads(call[2])}
 
 
 def add_routes(app: FastAPI, state: ServerState) -> None:
@@ -160,9 +273,11 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
     async def messages(request: Request) -> Response:
         req: MessagesRequest = await parse_body(state, request, MessagesRequest, allow_x_api_key=True)
         check_model(state, req.model, "generate")
-        ids = await _prompt(state, req)
-        choices = Choices(state, ids, [_options(state, req, len(ids))])
+        plan = await _plan(state, req)
+        ids = await _prompt(state, req, plan)
+        choices = Choices(state, ids, [_options(state, req, len(ids), plan.grammar)])
         seq = choices.seqs[0]
+        reply = ToolReply(plan, lambda: new_id("toolu", "_"))
         mid = new_id("msg", "_")
 
         def message(content: list[dict], stop: tuple[str | None, str | None], output_tokens: int) -> dict:
@@ -172,28 +287,72 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
 
         if req.stream:
             async def events() -> AsyncIterator[str]:
+                index, text_open = 0, False
+
+                def open_text() -> str:
+                    return sse({"type": "content_block_start", "index": index,
+                                "content_block": {"type": "text", "text": ""}}, "content_block_start")
+
+                def close(i: int) -> str:
+                    return sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+
+                def blocks(evs: list[tuple]) -> list[str]:
+                    nonlocal index, text_open
+                    out = []
+                    for e in evs:
+                        if e[0] == "text":
+                            if not text_open:
+                                out.append(open_text())
+                                text_open = True
+                            out.append(sse({"type": "content_block_delta", "index": index,
+                                            "delta": {"type": "text_delta", "text": e[1]}}, "content_block_delta"))
+                            continue
+                        if text_open:
+                            out.append(close(index))
+                            index, text_open = index + 1, False
+                        out.append(sse({"type": "content_block_start", "index": index,
+                                        "content_block": {**_tool_use(e[1:]), "input": {}}}, "content_block_start"))
+                        out.append(sse({"type": "content_block_delta", "index": index,
+                                        "delta": {"type": "input_json_delta", "partial_json": e[3]}},
+                                       "content_block_delta"))
+                        out.append(close(index))
+                        index += 1
+                    return out
+
                 yield sse({"type": "message_start", "message": message([], (None, None), 0)}, "message_start")
-                yield sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-                          "content_block_start")
+                if not plan.calls:  # text only: the block opens at once, as Anthropic's own server does
+                    yield open_text()
+                    text_open = True
                 yield sse({"type": "ping"}, "ping")
                 async for _, kind, payload in choices.events():
                     if kind == TEXT:
-                        yield sse({"type": "content_block_delta", "index": 0,
-                                   "delta": {"type": "text_delta", "text": payload}}, "content_block_delta")
+                        for event in blocks(reply.push(payload)):
+                            yield event
                     elif kind == ERROR:
                         yield sse(error_body(APIError(500, str(payload), type="server_error")), "error")
                         return
-                yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-                reason, sequence = _stop(seq)
+                for event in blocks(reply.flush()):
+                    yield event
+                if text_open:
+                    yield close(index)
+                elif index == 0:  # no block at all: an empty text block, so that the content is never empty
+                    yield open_text()
+                    yield close(index)
+                reason, sequence = _stop(seq, reply)
                 yield sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
                            "usage": {"output_tokens": len(seq.token_ids)}}, "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
             return streaming_response(events(), choices, request)
         result = (await choices.collect(request))[0]
-        return JSONResponse(message([{"type": "text", "text": result.text}], _stop(seq), len(seq.token_ids)))
+        evs = reply.push(result.text) + reply.flush()
+        text = "".join(e[1] for e in evs if e[0] == "text")
+        content = ([{"type": "text", "text": text}] if text or not reply.calls else []) + \
+            [_tool_use(c) for c in reply.calls]
+        return JSONResponse(message(content, _stop(seq, reply), len(seq.token_ids)))
 
     @app.post(PATH + "/count_tokens")
     async def count_tokens(request: Request) -> JSONResponse:
         req: CountTokensRequest = await parse_body(state, request, CountTokensRequest, allow_x_api_key=True)
         check_model(state, req.model, "generate")
-        return JSONResponse({"input_tokens": len(await _prompt(state, req))})
+        plan = await _plan(state, req)
+        return JSONResponse({"input_tokens": len(await _prompt(state, req, plan))})

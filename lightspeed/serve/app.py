@@ -26,7 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..generate import SamplingParams
 from . import anthropic
-from .common import ServerState, chat_ids, check_auth, check_model, new_id, parse_body, token_budget
+from ..structured import CompiledGrammar
+from .common import ServerState, check_auth, check_model, new_id, parse_body, token_budget
+from .constraints import ToolReply, plan_tools, response_grammar, tool_prompt
 from .engine import EngineStoppedError
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from .page import add_chat_page
@@ -46,7 +48,7 @@ def _error_response(request: Request, e: APIError) -> JSONResponse:
 
 
 def _choice_options(state: ServerState, req: SamplingFields, n_prompt: int, max_tokens: int | None,
-                    logprobs: int | None) -> list[RequestOptions]:
+                    logprobs: int | None, grammar: CompiledGrammar | None = None) -> list[RequestOptions]:
     """One ``RequestOptions`` per choice, checking the token budget (400s). With a ``seed``, choice ``i``
     samples with ``seed + i``: the choices differ, and each is reproducible."""
     param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
@@ -66,7 +68,7 @@ def _choice_options(state: ServerState, req: SamplingFields, n_prompt: int, max_
         options.append(RequestOptions(max_tokens=max_tokens, params=params, stop=req.stop_strings(),
                                       logit_bias=bias, presence_penalty=req.presence_penalty,
                                       frequency_penalty=req.frequency_penalty, ignore_eos=req.ignore_eos,
-                                      logprobs=logprobs))
+                                      logprobs=logprobs, grammar=grammar))
     return options
 
 
@@ -145,7 +147,8 @@ def create_app(state: ServerState) -> FastAPI:
         if not ids:
             raise APIError(400, "the prompt has no tokens", param="prompt")
         top = req.top_logprobs()
-        choices = Choices(state, ids, _choice_options(state, req, len(ids), req.max_tokens, top))
+        grammar = await response_grammar(state, req.response_format.spec() if req.response_format else None)
+        choices = Choices(state, ids, _choice_options(state, req, len(ids), req.max_tokens, top, grammar))
         rid, created = new_id("cmpl"), int(time.time())
         tokens = state.token_text
 
@@ -182,16 +185,35 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await parse_body(state, request, ChatCompletionRequest)
         check_model(state, req.model, "generate")
-        ids = await chat_ids(state, req.chat_messages())
+        messages = req.chat_messages()
+        plan = await plan_tools(state, req.tool_list(), *req.choice())
+        fmt = req.response_format.spec() if req.response_format else None
+        if fmt is not None and plan.calls:
+            raise APIError(400, "response_format cannot be combined with tools unless tool_choice is 'none'",
+                           param="response_format")
+        ids = await tool_prompt(state, messages, plan)
+        grammar = plan.grammar or await response_grammar(state, fmt)
         top = req.top_logprobs_count()
-        choices = Choices(state, ids, _choice_options(state, req, len(ids), req.limit(), top))
+        choices = Choices(state, ids, _choice_options(state, req, len(ids), req.limit(), top, grammar))
         rid, created = new_id("chatcmpl"), int(time.time())
         tokens = state.token_text
+        replies = [ToolReply(plan, lambda: new_id("call", "_")) for _ in range(req.n)]
 
         def chunk(index: int, delta: dict, finish: str | None, logprobs: dict | None = None) -> dict:
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_id,
                     "system_fingerprint": None,
                     "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+
+        def deltas(index: int, events: list[tuple]) -> list[dict]:
+            out = []
+            for e in events:
+                if e[0] == "text":
+                    out.append({"content": e[1]})
+                else:
+                    k = [c[0] for c in replies[index].calls].index(e[1])  # the call's index in the reply
+                    out.append({"tool_calls": [{"index": k, "id": e[1], "type": "function",
+                                                "function": {"name": e[2], "arguments": e[3]}}]})
+            return out
 
         if req.stream:
             async def events() -> AsyncIterator[str]:
@@ -202,24 +224,39 @@ def create_app(state: ServerState) -> FastAPI:
                     if kind == LOGPROBS:
                         buf.add(index, payload)
                     elif kind == TEXT:
-                        yield sse(chunk(index, {"content": payload}, None, buf.take(index)))
+                        for delta in deltas(index, replies[index].push(payload)):
+                            yield sse(chunk(index, delta, None, buf.take(index)))
                     elif kind == ERROR:
                         yield sse(APIError(500, str(payload), type="server_error").body())
                         return
                     else:
-                        yield sse(chunk(index, {}, payload, buf.take(index)))
+                        for delta in deltas(index, replies[index].flush()):
+                            yield sse(chunk(index, delta, None, buf.take(index)))
+                        yield sse(chunk(index, {}, replies[index].finish_reason(payload), buf.take(index)))
                 if req.include_usage():
                     yield sse({**chunk(0, {}, None), "choices": [], "usage": choices.usage})
                 yield "data: [DONE]\n\n"
             return streaming_response(events(), choices, request)
         results = await choices.collect(request)
+
+        def message(index: int, text: str) -> dict:
+            reply = replies[index]
+            content = "".join(e[1] for e in reply.push(text) + reply.flush() if e[0] == "text")
+            out: dict = {"role": "assistant", "content": content if content or not reply.calls else None}
+            if reply.calls:
+                out["tool_calls"] = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                                     for i, n, a in reply.calls]
+            return out
+
+        items = []
+        for i, r in enumerate(results):
+            msg = message(i, r.text)
+            items.append({"index": i, "message": msg,
+                          "logprobs": chat_logprobs(r.logprobs, tokens) if top is not None else None,
+                          "finish_reason": replies[i].finish_reason(r.finish_reason)})
         return JSONResponse({
             "id": rid, "object": "chat.completion", "created": created, "model": state.model_id,
-            "system_fingerprint": None,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": r.text},
-                         "logprobs": chat_logprobs(r.logprobs, tokens) if top is not None else None,
-                         "finish_reason": r.finish_reason} for i, r in enumerate(results)],
-            "usage": choices.usage})
+            "system_fingerprint": None, "choices": items, "usage": choices.usage})
 
     anthropic.add_routes(app, state)
 

@@ -25,7 +25,8 @@ def _serve(args: argparse.Namespace) -> int:
                         threads=args.threads, activations=args.activations,
                         kv_cache=args.kv_cache, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                         keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
-                        max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds)
+                        max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds,
+                        max_schema_bytes=args.max_schema_bytes)
     return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
 
 
@@ -83,4 +84,7 @@ def add_serve(sub) -> None:
                         help="largest request head in bytes, else 400 (16384)")
     limits.add_argument("--template-seconds", type=_seconds, default=5.0,
                         help="wall-clock bound of one chat-template render (5)")
+    limits.add_argument("--max-schema-bytes", type=_positive, default=32 * 1024,
+                        help="largest response_format schema or grammar, and tool schemas of a request, else 400 "
+                             "(32768)")
     p.set_defaults(handler=_serve)

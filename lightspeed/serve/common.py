@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..io.errors import ChatTemplateLimitError
 from ..io.template_limits import TemplateLimits
+from ..structured import GrammarCompiler, GrammarLimits
 from .engine import Engine
 from .logprobs import TokenText
 from .protocol import APIError, parse_json_body, validate
@@ -36,6 +37,7 @@ class ServerState:
     retry_after_s: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
     max_request_tokens: int | None = None  # n x max_tokens of one request (None: 4 x the context)
+    grammar_limits: GrammarLimits = field(default_factory=GrammarLimits)  # response_format / tool schemas
 
     @property
     def ctx(self) -> int:
@@ -45,6 +47,11 @@ class ServerState:
     def token_text(self) -> TokenText:
         """Token texts and bytes for logprobs (looked up once per token id)."""
         return TokenText(self.model.tokenizer)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles response formats and tool-call grammars for the model (its tokenizer built on first use)."""
+        return GrammarCompiler(self.model.tokenizer, self.model.config.vocab_size, self.grammar_limits)
 
     @property
     def request_tokens(self) -> int:
@@ -151,14 +158,16 @@ def token_budget(state: ServerState, n_prompt: int, max_tokens: int | None, n: i
     return max_tokens
 
 
-async def chat_ids(state: ServerState, messages: list[dict[str, str]], param: str = "messages") -> list[int]:
-    """The prompt ids of ``messages`` rendered with the model's chat template and a generation prompt.
+async def chat_ids(state: ServerState, messages: list[dict[str, Any]], param: str = "messages",
+                   **extra: Any) -> list[int]:
+    """The prompt ids of ``messages`` rendered with the model's chat template and a generation prompt
+    (``extra``: more template variables, such as ``tools``).
 
     Rendering runs on a worker thread (the template is the model file's code, bounded by its limits)
     and tokenizes the messages' text as text: ``<|im_end|>`` in a message is never a control token."""
     try:
         return await run_in_threadpool(partial(state.model.tokenizer.encode_chat, messages, True,
-                                               limits=state.template_limits))
+                                               limits=state.template_limits, **extra))
     except ChatTemplateLimitError as e:
         raise APIError(500, f"the model's chat template was stopped: {e}", type="server_error",
                        code="chat_template_limit") from None

@@ -14,6 +14,11 @@ Slots stay packed: decoding sequences hold slots ``0 .. D-1`` (row ``b`` of a st
 ``b``) and the one being prefilled holds slot ``D``. When a sequence leaves, the sequence in the
 highest slot moves into the hole (``stepper.move_slot`` copies its cache rows).
 
+Sequences under a grammar (structured output, forced tool calls) need a token mask before they
+sample. The mask depends only on the tokens so far, so the masks of every such sequence of a step are
+computed in parallel by a ``lightspeed.structured.MaskWorker`` while the step (or a prompt's last
+prefill chunk) runs natively; the engine waits for them only if they take longer than the step.
+
 Steppers: ``BatchedStep`` (lightspeed.serve.batched) for model families with a batched forward;
 ``SequentialStepper`` (one single-sequence call per sequence per step) for the others.
 """
@@ -28,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..structured import MaskWorker
 from .sequence import Sequence
 
 
@@ -78,6 +84,8 @@ class Engine:
         self.prefilled_tokens = 0
         self.step_seconds = 0.0     # in batched decode steps
         self.prefill_seconds = 0.0  # in prefill chunks
+        self.masks: MaskWorker | None = None  # started with the first sequence under a grammar
+        self.mask_wait_seconds = 0.0  # waiting for grammar masks after a step had finished
 
     # any thread --------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -121,10 +129,14 @@ class Engine:
 
     def stats(self) -> dict:
         with self._cond:
+            masks = self.masks
             return {"active": len(self.slots), "waiting": len(self.waiting), "max_batch": self.max_batch,
                     "steps": self.steps, "decoded_tokens": self.decoded_tokens,
                     "prefilled_tokens": self.prefilled_tokens, "decode_seconds": round(self.step_seconds, 3),
-                    "prefill_seconds": round(self.prefill_seconds, 3)}
+                    "prefill_seconds": round(self.prefill_seconds, 3),
+                    "grammar_masks": masks.masks if masks else 0,
+                    "grammar_mask_seconds": round(masks.seconds, 4) if masks else 0.0,
+                    "grammar_wait_seconds": round(self.mask_wait_seconds, 4)}
 
     def drain(self) -> None:
         """Take no new work from now on; what runs and waits goes on."""
@@ -178,6 +190,8 @@ class Engine:
         while self.jobs:
             _, fut = self.jobs.popleft()
             fut.set_exception(EngineStoppedError("the server shut down"))
+        if self.masks is not None:
+            self.masks.close()
 
     def _turn(self) -> None:
         self._drop_cancelled()
@@ -220,6 +234,9 @@ class Engine:
         if filling is None:
             return
         chunk = filling.prefill_left[:self.step.max_chunk]
+        last = len(chunk) == len(filling.prefill_left)
+        # the first token's mask is prepared while the last chunk runs
+        job = self._start_masks([filling] if last else [])
         t0 = time.perf_counter()
         try:
             logits, _ = self.step.run(chunk, filling.pos, self.stepper.slot_caches(filling.slot))
@@ -229,6 +246,7 @@ class Engine:
             return
         finally:
             self.prefill_seconds += time.perf_counter() - t0
+            self._wait_masks(job)
         filling.pos += len(chunk)
         self.prefilled_tokens += len(chunk)
         if not filling.prefill_left and not filling.accept(logits[-1], self.ctx):
@@ -240,9 +258,13 @@ class Engine:
             return
         # packed slots: the decoding sequences are slots 0 .. len(batch)-1 (the prefilling one comes after)
         assert all(s.slot == b for b, s in enumerate(batch)), "slots are not packed"
+        job = self._start_masks(batch)
         t0 = time.perf_counter()
-        logits = self.stepper.run([s.next_token for s in batch], [s.pos for s in batch])
-        self.step_seconds += time.perf_counter() - t0
+        try:
+            logits = self.stepper.run([s.next_token for s in batch], [s.pos for s in batch])
+        finally:
+            self.step_seconds += time.perf_counter() - t0
+            self._wait_masks(job)
         self.steps += 1
         self.decoded_tokens += len(batch)
         done = []
@@ -252,6 +274,26 @@ class Engine:
                 done.append(seq)
         if done:
             self._release(done)
+
+    def _start_masks(self, seqs: list[Sequence]) -> concurrent.futures.Future | None:
+        """Start computing the grammar masks of ``seqs`` (those with a grammar) in the background."""
+        constraints = [s.constraint for s in seqs if s.constraint is not None]
+        if not constraints:
+            return None
+        if self.masks is None:
+            self.masks = MaskWorker()
+        return self.masks.start(constraints)
+
+    def _wait_masks(self, job: concurrent.futures.Future | None) -> None:
+        """Wait for ``job``; a failure only means each sequence computes its own mask when it samples."""
+        if job is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            job.result()
+        except Exception:  # noqa: BLE001 - Constraint.apply computes (and reports) it again
+            traceback.print_exc()
+        self.mask_wait_seconds += time.perf_counter() - t0
 
     def _release(self, gone: list[Sequence]) -> None:
         """Remove finished or cancelled sequences and pack the slots again."""

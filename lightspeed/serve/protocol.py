@@ -2,9 +2,15 @@
 
 Requests are validated strictly: wrong types are not coerced (``"5"`` is not a number), fields
 the OpenAI API does not define are rejected, as OpenAI rejects them, and fields it defines that
-this server cannot honour (tools, ``echo``, ``best_of``...) are rejected by name rather than
+this server cannot honour (``echo``, ``best_of``, audio...) are rejected by name rather than
 silently ignored. A few common extensions are accepted: ``top_k``, ``min_p``,
-``repetition_penalty``, ``ignore_eos``.
+``repetition_penalty``, ``ignore_eos``, and ``response_format`` types ``grammar`` (a Lark grammar)
+and ``regex`` besides OpenAI's ``text``, ``json_object`` and ``json_schema`` (also on completions).
+
+Tool calling: ``tools`` (functions), ``tool_choice`` and ``parallel_tool_calls``; assistant messages
+may carry ``tool_calls`` (their ``content`` may then be null) and ``tool`` messages answer them by
+``tool_call_id``. The checks that span messages (an id answered that no earlier call has) are in
+``ChatCompletionRequest.conversation``.
 """
 from __future__ import annotations
 
@@ -12,7 +18,11 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from ..structured import GrammarSpec, json_object, json_schema, lark, regex
+from ..structured.tools import Tool, ToolCall
 
 MAX_STOP_STRINGS = 4      # as OpenAI
 MAX_STOP_CHARS = 256
@@ -171,6 +181,50 @@ class SamplingFields(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+# structured output ---------------------------------------------------------------------------------
+class JSONSchemaFormat(_Strict):
+    """OpenAI's ``response_format.json_schema``: ``schema`` is the JSON schema (any JSON object without one)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=4096)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """``{"type": "text" | "json_object" | "json_schema" | "grammar" | "regex", ...}``: the field that
+    holds the type's content (``json_schema``, ``grammar``, ``regex``) must be present, the others not."""
+
+    type: Literal["text", "json_object", "json_schema", "grammar", "regex"]
+    json_schema: JSONSchemaFormat | None = None
+    grammar: str | None = Field(None, min_length=1)  # llguidance's Lark syntax (an extension)
+    regex: str | None = Field(None, min_length=1)    # the whole output matches it (an extension)
+
+    @model_validator(mode="after")
+    def _content(self):
+        for name in ("json_schema", "grammar", "regex"):
+            given = getattr(self, name) is not None
+            if given and self.type != name:
+                raise ValueError(f"'{name}' is only allowed with type '{name}', not '{self.type}'")
+            if self.type == name and not given:
+                raise ValueError(f"type '{name}' needs the field '{name}'")
+        return self
+
+    def spec(self) -> GrammarSpec | None:
+        """The grammar the output must follow (None for plain text)."""
+        if self.type == "json_object":
+            return json_object()
+        if self.type == "json_schema":
+            schema = self.json_schema.schema_ if self.json_schema else None
+            return json_object() if schema is None else json_schema(schema)
+        if self.type == "grammar":
+            return lark(self.grammar)
+        if self.type == "regex":
+            return regex(self.regex)
+        return None
+
+
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
@@ -178,6 +232,7 @@ class CompletionRequest(SamplingFields):
     best_of: int = Field(1, ge=1, le=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: None = None
+    response_format: ResponseFormat | None = None
 
     def top_logprobs(self) -> int | None:
         """Alternatives per token to report (None: no logprobs)."""
@@ -199,17 +254,86 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str = Field(max_length=1 << 20)
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, v):
+        try:
+            value = json.loads(v)
+        except ValueError as e:
+            raise ValueError(f"the arguments must be JSON text (an object): {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("the arguments must be a JSON object")
+        return v
+
+
+class ToolCallIn(_Strict):
+    """A call an assistant message made (OpenAI's ``tool_calls[i]``)."""
+
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     name: str | None = Field(None, max_length=256)
+    tool_calls: list[ToolCallIn] | None = Field(None, min_length=1, max_length=128)
+    tool_call_id: str | None = Field(None, min_length=1, max_length=256)
+    # declared last: its check reads the fields above
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, v, info: ValidationInfo):
+        if v is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            # a missing field, as before tool calls made it optional for one kind of message
+            raise PydanticCustomError("missing", "content is required (only an assistant message with tool_calls "
+                                                 "may leave it null)")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError(f"only assistant messages may hold tool_calls, not {self.role} messages")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("tool messages need a tool_call_id (the id of the call they answer), and only they "
+                             "may have one")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text"]
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(None, max_length=8192)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def tool(self) -> Tool:
+        f = self.function
+        params = f.parameters if f.parameters is not None else {"type": "object", "properties": {}}
+        return Tool(f.name, f.description, params)
+
+
+class NamedFunction(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -218,8 +342,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
-    tools: None = None
-    tool_choice: Literal["none"] | None = None
+    tools: list[ToolDef] | None = Field(None, min_length=1)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
 
     @field_validator("top_logprobs")
@@ -236,9 +360,34 @@ class ChatCompletionRequest(SamplingFields):
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """Role/content dicts for the chat template (``developer`` is OpenAI's new name for ``system``)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+    def tool_list(self) -> list[Tool]:
+        return [t.tool() for t in self.tools or []]
+
+    def choice(self) -> tuple[str, str | None]:
+        """``tool_choice`` as (mode, name): mode none, auto, required or function (with the tool's name)."""
+        c = self.tool_choice
+        if isinstance(c, NamedToolChoice):
+            return "function", c.function.name
+        return (c or ("auto" if self.tools else "none")), None
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """Role/content dicts for the chat template (``developer`` is OpenAI's new name for ``system``);
+        assistant turns keep their ``tool_calls`` (as ``ToolCall``), tool turns their ``tool_call_id``.
+        APIError(400) for a tool message that answers no earlier call."""
+        out: list[dict[str, Any]] = []
+        calls: set[str] = set()
+        for i, m in enumerate(self.messages):
+            d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.tool_calls:
+                d["tool_calls"] = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]
+                calls.update(c.id for c in m.tool_calls)
+            if m.role == "tool":
+                if m.tool_call_id not in calls:
+                    raise APIError(400, f"messages.{i}.tool_call_id {m.tool_call_id[:80]!r} answers no tool call of an "
+                                        "earlier assistant message", param=f"messages.{i}.tool_call_id")
+                d["tool_call_id"] = m.tool_call_id
+            out.append(d)
+        return out
 
 
 class EmbeddingRequest(_Strict):

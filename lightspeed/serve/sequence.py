@@ -10,6 +10,12 @@ logits before the sampler sees them.
 With ``logprobs`` set, each sampled token's log-probabilities (``lightspeed.serve.logprobs``) are sent
 as a LOGPROBS event just before the TEXT event whose text holds that token's first character; tokens
 that fall inside a stop string (whose text is cut) are not reported.
+
+With a grammar (``RequestOptions.grammar``: structured output, a forced tool call) the sequence holds a
+``lightspeed.structured.Constraint``: the logits are masked to the tokens the grammar allows after
+bias and penalties and before the sampler, the sampled token advances the grammar, and the sequence
+ends (``stop``) as soon as the grammar is complete or the model picks an end token the grammar allows
+there. The engine usually prepares the mask while the step that produces the logits runs.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..generate import Sampler, SamplingParams, StopStringFilter
+from ..structured import CompiledGrammar, GrammarError
 from .logprobs import TokenLogprob, token_logprobs
 
 # what the engine reports to the request's consumer
@@ -43,6 +50,7 @@ class RequestOptions:
     frequency_penalty: float = 0.0
     ignore_eos: bool = False  # the tokenizer's stop tokens do not end the sequence
     logprobs: int | None = None  # report each token's log-probability and this many alternatives
+    grammar: CompiledGrammar | None = None  # the output must be a sentence of this grammar
 
 
 class StopFilter(StopStringFilter):
@@ -90,6 +98,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.submitted = time.perf_counter()
         self.first_token_at: float | None = None
+        self.constraint = options.grammar.new_constraint() if options.grammar is not None else None
         self._cancelled = threading.Event()
 
     # from any thread ---------------------------------------------------------------------------------
@@ -127,9 +136,21 @@ class Sequence:
         if len(self.token_ids) >= o.max_tokens:
             return self._finish("length")
         p = self.sampler.params
-        token = self.sampler(self._adjusted(logits), self.history if p.repetition_penalty != 1.0 else ())
-        if token in self.stop_ids:
-            return self._finish("stop")
+        x = self._adjusted(logits)
+        c = self.constraint
+        try:
+            if c is not None:
+                x = c.apply(x)
+            token = self.sampler(x, self.history if p.repetition_penalty != 1.0 else ())
+            if token in self.stop_ids or (c is not None and token in c.stop_ids):
+                return self._finish("stop")
+            if c is not None:
+                c.consume(token)
+        except (GrammarError, ValueError) as e:  # a grammar (or its mask) that leaves nothing to sample
+            if c is None:
+                raise
+            self.fail(f"structured output failed: {e}")
+            return False
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         self.token_ids.append(token)
@@ -142,7 +163,7 @@ class Sequence:
         piece = self.stops.push(decoded)
         if piece:
             self._emit(piece)
-        if self.stops.stopped:
+        if self.stops.stopped or (c is not None and c.finished):
             return self._finish("stop")
         if len(self.token_ids) >= o.max_tokens:
             return self._finish("length")

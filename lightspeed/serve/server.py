@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from ..io.template_limits import TemplateLimits
+from ..structured import GrammarLimits
 from .engine import Engine, SequentialStepper
 
 
@@ -51,6 +52,7 @@ class ServeOptions:
     max_connections: int = 256
     max_header_bytes: int = 16 * 1024    # a longer request head is refused (400) as it arrives
     template_seconds: float = 5.0        # wall-clock bound of one chat-template render
+    max_schema_bytes: int = 32 * 1024    # a response_format schema or grammar, or a request's tool schemas
 
 
 def model_name(path: str) -> str:
@@ -104,13 +106,14 @@ def build_state(opts: ServeOptions):
     return ServerState(model=model, model_id=opts.name or model_name(model.path), engine=engine,
                        embedder=embedder, embed_id=embed_id, api_key=opts.api_key,
                        max_body_bytes=opts.max_body_bytes, body_timeout_s=opts.body_timeout,
-                       template_limits=TemplateLimits(max_seconds=opts.template_seconds))
+                       template_limits=TemplateLimits(max_seconds=opts.template_seconds),
+                       grammar_limits=GrammarLimits(max_source_bytes=opts.max_schema_bytes))
 
 
 def check_limits(opts: ServeOptions) -> None:
     """ValueError naming the first connection limit that is not positive."""
     for name in ("header_timeout", "body_timeout", "keep_alive_timeout", "max_connections", "max_header_bytes",
-                 "template_seconds"):
+                 "template_seconds", "max_schema_bytes"):
         value = getattr(opts, name)
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
