@@ -125,6 +125,11 @@ def c_neg_neg(c: Case):
     return [(x * c.const(-1, d)) * c.const(-1, d)]
 
 
+def c_not_not(c: Case):
+    b = c.operand(dt.bool_, c.shape())
+    return [b.less_than(True).less_than(True)]
+
+
 def c_lt_self(c: Case):
     x = c.operand(c.dtype(FLOATS + INTS), c.shape())
     return [x.less_than(x)]
@@ -249,7 +254,7 @@ def c_sum_sum(dtypes):
 
 CASES = {
     "mul-one": c_mul_one, "add-zero": c_add_zero, "mul-zero": c_mul_zero, "neg-neg": c_neg_neg,
-    "lt-self": c_lt_self, "cast-chain": c_cast_chain, "recip-recip": c_recip_recip,
+    "not-not": c_not_not, "lt-self": c_lt_self, "cast-chain": c_cast_chain, "recip-recip": c_recip_recip,
     "mul-consts-int": c_mul_consts_int, "add-consts-int": c_add_consts_int,
     "mul-consts-float": c_mul_consts_float, "add-consts-float": c_add_consts_float,
     "fold-cast": c_fold("cast"),

@@ -22,8 +22,10 @@ from .. import symbolic as sym
 from ..graph import Node
 from ..ops import Op
 from ..rewrite.pattern import P, match
-from ..shape import ShapeTracker, unravel
+from ..shape import ShapeTracker
 from . import ir
+from .attention_index import index_through
+from .attention_rows import RowSelect, row_select, split_select
 
 MAX_VALUE_WIDTH = 256  # the value accumulator of a row lives in registers/L1: [rows][width] floats
 MAX_STAGED_DEPTH = 256  # the staged key block of the product form: [depth][block] floats
@@ -58,13 +60,15 @@ class _Chain:
     mx_st: ShapeTracker  # X read in M's input space
     c: float
     inner: list[Node] = field(default_factory=list)  # the softmax's own nodes
+    # a safe softmax's select Sel(q, W) (attention_rows.py): the select, q and q read in R's input space
+    select: Node | None = None
+    q: Node | None = None
+    q_st: ShapeTracker | None = None
+    rows: RowSelect | None = None  # the proof that q keeps the rows with a score above -inf
 
 
 def _index(st: ShapeTracker, idx, src: Node):
-    off, valid = st.index(idx)
-    if not sym.same(valid, 1):
-        return None
-    return unravel(off, src.shape)
+    return index_through(st, idx, src)  # (with the division rule a flattened batch x heads needs)
 
 
 def _same_index(a, b) -> bool:
@@ -88,7 +92,11 @@ def _match_chain(r: Node) -> _Chain | None:
         return None
     for wname, vname in (("w", "v"), ("v", "w")):  # the weights may be either operand
         w, v = mr.bindings[wname], mr.bindings[vname]
-        mw = match(W_PAT, w.node) if w.node.op is Op.MUL else None
+        w_node, w_st, select = w.node, w.st, None
+        sel = split_select(w.node, w.st)  # a safe softmax: Sel(q, W) (attention_rows.py)
+        if sel is not None:
+            (w_node, w_st), select = sel[0], (w.node, sel[1][0], sel[1][1])
+        mw = match(W_PAT, w_node) if w_node.op is Op.MUL else None
         if mw is None or mw.num.node is not mw.den.node:
             continue
         e = mw.num.node
@@ -99,13 +107,16 @@ def _match_chain(r: Node) -> _Chain | None:
         if not (isinstance(c, float) and math.isfinite(c) and c > 0):
             continue
         s, m = mw.s.node, me.m.node
-        recip_node = next(src for src, _ in w.node.srcs if src.op is Op.RECIP)
+        recip_node = next(src for src, _ in w_node.srcs if src.op is Op.RECIP)
         exp_arg = e.srcs[0][0]
         add = next(src for src, _ in exp_arg.srcs if src.op is Op.ADD)
         neg = next(src for src, _ in add.srcs if src is not me.x.node)  # (x may be a Mul itself)
-        inner = [r.srcs[0][0], w.node, recip_node, s, e, exp_arg, add, neg, m]
-        return _Chain(r, w.node, w.st, v.node, v.st, e, mw.num.st, s, mw.s.st, mw.den.st, me.x.node, me.x.st,
-                      m, me.m.st, me.mx.st, c, inner)
+        inner = [r.srcs[0][0], w_node, recip_node, s, e, exp_arg, add, neg, m]
+        ch = _Chain(r, w_node, w_st, v.node, v.st, e, mw.num.st, s, mw.s.st, mw.den.st, me.x.node, me.x.st,
+                    m, me.m.st, me.mx.st, c, inner)
+        if select is not None:
+            ch.select, ch.q, ch.q_st = select
+        return ch
     return None
 
 
@@ -170,7 +181,8 @@ class StreamingAttention:
         score = former._read(self.chain.x, ShapeTracker.contiguous(self.chain.x.shape), idx.x)
         value = former._read(self.chain.v, self.chain.v_st, idx.full)
         split = key_split(n.shape, self.keys, self.width)
-        tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width, split)
+        tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width, split,
+                               zero_empty_rows=self.chain.rows is not None)
         reads = []
         for root in (score, value):
             for x in root.walk():
@@ -237,6 +249,8 @@ class AttentionKernel:
     e: sym.Var
     width: int
     split: KeySplit | None = None  # decode's key split (partials in the kernel's scratch), if any
+    # a row whose every score is -inf gives 0, not NaN (a safe softmax, see attention_rows.py)
+    zero_empty_rows: bool = False
 
 
 def _numel(shape) -> int:
@@ -254,8 +268,14 @@ def match_attention(former) -> list[StreamingAttention]:
             continue
         out = [_var(f"ao{k}", s) for k, s in enumerate(r.shape)]
         keys = r.srcs[0][1].shape[r.arg]
-        if _indices(ch, out, _var("aj", keys)) is None:
+        idx = _indices(ch, out, _var("aj", keys))
+        if idx is None:
             continue
+        if ch.select is not None:  # a safe softmax: prove that its select keeps the rows with a score
+            ch.rows = row_select(ch.select, ch.q, ch.q_st, idx.full, idx.j, keys, ch.x, idx.x)
+            if ch.rows is None:
+                continue
+            ch.inner = list({n.id: n for n in ch.inner + ch.rows.nodes}.values())
         found.append(StreamingAttention(r, ch, keys, int(r.shape[-1])))
     # which nodes only these kernels read is decided for all of them together: a causal mask shared
     # by every layer's attention is private to the set, not to any one of them

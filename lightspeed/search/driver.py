@@ -60,7 +60,7 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
     new = program
     lower_only = None
     if level == 1:
-        result = rewrite_program(program, rules.SAFE)  # exact rules: the values cannot change
+        result = rewrite_program(program, rules.NORMALISE)  # safe rules: the values cannot change
         if sum(result.fired.values()):
             new, report.graph, report.rewrites = result.program, "rewrite", dict(result.fired)
     else:

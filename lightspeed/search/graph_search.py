@@ -71,7 +71,7 @@ def search_graph(program: Program, level: int = 1, budget_s: float = 5.0, model:
     model = model or CostModel()
     cands = [Candidate("original", program, _cost(program, model), True)]
     note = ""
-    safe = rewrite_program(program, rules.SAFE + list(extra_rules or [])).program
+    safe = rewrite_program(program, rules.NORMALISE + list(extra_rules or [])).program
     cands.append(Candidate("rewrite", safe, _cost(safe, model)))
     sat = None
     if rulesets is None:

@@ -21,16 +21,18 @@ FALLBACKS = ("error", "eager")
 class BackendOptions:
     """``options=`` of torch.compile. ``backend``: the Lightspeed backend ("c" or "reference");
     ``fallback``: "error" (raise, listing every unsupported op) or "eager" (run those ops in
-    eager PyTorch, compile the rest); ``backend_options``: passed on to the Lightspeed backend."""
+    eager PyTorch, compile the rest); ``backend_options``: passed on to the Lightspeed backend;
+    ``rewrite``: apply the rewrite package's safe rules before compiling (compiled.compile_lowered)."""
 
     backend: str = "c"
     fallback: str = "error"
     backend_options: dict | None = None
+    rewrite: bool = True
 
     @staticmethod
     def parse(options: dict | None) -> "BackendOptions":
         options = dict(options or {})
-        known = {"backend", "fallback", "backend_options"}
+        known = {"backend", "fallback", "backend_options", "rewrite"}
         extra = sorted(set(options) - known)
         if extra:
             raise ValueError(f"unknown Lightspeed option(s) {extra}; known: {sorted(known)}")
@@ -51,12 +53,12 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], opts: Ba
     """Compile an aten FX graph (the aot_autograd forward/inference compiler)."""
     STATS.fx_graphs += 1
     try:
-        return CompiledFxGraph(gm, opts.backend, opts.backend_options)
+        return CompiledFxGraph(gm, opts.backend, opts.backend_options, opts.rewrite)
     except UnsupportedOpsError as e:
         if opts.fallback != "eager":
             raise
         from .partition import compile_with_fallback
-        return compile_with_fallback(gm, e.problems, opts.backend, opts.backend_options or {})
+        return compile_with_fallback(gm, e.problems, opts.backend, opts.backend_options or {}, opts.rewrite)
 
 
 def lightspeed_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None):

@@ -43,15 +43,35 @@ def _next_pow2(n: int) -> int:
     return p
 
 
+def compile_lowered(lowered: LoweredGraph, backend: str, options: dict, rewrite: bool = True):
+    """The compiled program of a lowered FX graph (None when it has no outputs). With ``rewrite`` (and a
+    backend other than the reference interpreter, which stays the oracle) the program is first rewritten
+    to a fixpoint under the rewrite package's normalising safe rules (EXACT or VALUE: no value changes, a zero may
+    change sign): aten's formulations become the forms kernel formation recognises, e.g. PyTorch's safe
+    softmax ``where(c, 0, softmax)`` the select that streaming attention reads (docs/search.md)."""
+    if not lowered.outputs:
+        return None
+    if not rewrite or backend == "reference":
+        return lowered.graph.compile(lowered.outputs, backend=backend, **options)
+    from ..backend import get_backend
+    from ..graph import Program
+    from ..rewrite import rewrite_program, rules
+    from ..runtime import CompiledGraph
+    program = rewrite_program(Program.build(lowered.graph, list(lowered.outputs)), rules.NORMALISE).program
+    return CompiledGraph(program, get_backend(backend)(program, **options))
+
+
 class CompiledFxGraph:
     """Runs an FX graph of aten ops with Lightspeed. Called by aot_autograd with a list of arguments."""
 
     _boxed_call = True  # aot_autograd passes one list of arguments
 
-    def __init__(self, gm: torch.fx.GraphModule, backend: str = "c", backend_options: dict | None = None):
+    def __init__(self, gm: torch.fx.GraphModule, backend: str = "c", backend_options: dict | None = None,
+                 rewrite: bool = True):
         self.gm = gm
         self.backend = backend
         self.backend_options = dict(backend_options or {})
+        self.rewrite = rewrite
         self.upper: dict[str, int] = {}
         self._lock = threading.Lock()
         self._build()
@@ -64,8 +84,7 @@ class CompiledFxGraph:
         self.lowered: LoweredGraph = lowered
         self.vars = dict(lowered.symbols.vars)
         self.upper = {name: v.hi for name, v in self.vars.items()}
-        self.program = (lowered.graph.compile(lowered.outputs, backend=self.backend, **self.backend_options)
-                        if lowered.outputs else None)
+        self.program = compile_lowered(lowered, self.backend, self.backend_options, self.rewrite)
         used = set(self.program.input_names) if self.program is not None else set()
         self.input_specs = [s for s in lowered.inputs if s.name in used]
         self.program_dims = [v.name for v in self.program.program.dims] if self.program is not None else []

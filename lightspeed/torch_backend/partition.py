@@ -44,7 +44,7 @@ def _returns_tuple(gm: torch.fx.GraphModule) -> bool:
 
 
 def compile_with_fallback(gm: torch.fx.GraphModule, problems: list[Problem], backend: str,
-                          backend_options: dict):
+                          backend_options: dict, rewrite: bool = True):
     """A callable (boxed) running the supported parts of ``gm`` with Lightspeed and the rest eagerly."""
     unsupported = {p.node for p in problems}
     summary = "; ".join(f"{p.target} ({p.reason})" for p in problems[:8])
@@ -61,7 +61,7 @@ def compile_with_fallback(gm: torch.fx.GraphModule, problems: list[Problem], bac
             if isinstance(arg, torch.fx.Node) and "val" in arg.meta:
                 ph.meta["val"] = arg.meta["val"]
         try:
-            part = _LightspeedPart(CompiledFxGraph(sub, backend, backend_options), _returns_tuple(sub))
+            part = _LightspeedPart(CompiledFxGraph(sub, backend, backend_options, rewrite), _returns_tuple(sub))
         except UnsupportedOpsError:
             # lowering failed inside the part after all: it runs eagerly too
             STATS.eager_nodes += sum(1 for n in sub.graph.nodes if n.op == "call_function")

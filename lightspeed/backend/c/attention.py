@@ -201,10 +201,12 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
         out_off = r.idx(dense_offset(vars_, shape))
         M = float_literal(mask.masked) if mask else None
         lines += ["        }"] + (pass_close(mask, M, C, split is not None) if mask else [])
+        empty = "m[rr] == -INFINITY ? 0.0f : " if t.zero_empty_rows else ""  # (a safe softmax: every score -inf)
         write = ["        for (int64_t rr = 0; rr < nr; rr++) {  /* no keys at all: an empty sum, 0 */",
                  "            const float inv = 1.0f / lsum[rr];",
                  f"            for (int64_t e = 0; e < {EV}; e++)",
-                 f"                {r.buf(k.out)}[{out_off}] = NJ == 0 ? 0.0f : bad[rr] ? NAN : acc[rr][e] * inv;",
+                 f"                {r.buf(k.out)}[{out_off}] = NJ == 0 ? 0.0f : bad[rr] ? NAN : "
+                 f"{empty}acc[rr][e] * inv;",
                  "        }"]
         if split is None:
             lines += write + ["    }", "}"]

@@ -104,6 +104,7 @@ def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer:
                   "                }",
                   "            }",
                   "        }"]
+    empty = "mg[rr] == -INFINITY ? 0.0f : " if k.template.zero_empty_rows else ""  # (a safe softmax)
     # per row: the parts' weights, then the accumulators summed over the parts a vector of columns at a time
     L = 8 if W % 8 == 0 else 1
     vec, load = ("ls_v8", "ls_load8") if L == 8 else ("float", "*")
@@ -123,7 +124,7 @@ def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer:
         "            }",
         "            const float inv = 1.0f / lg;",
         f"            for (int64_t e = 0; e < {W}; e++)",
-        f"                {r.buf(k.out)}[{out_off}] = badg[rr] ? NAN : acc[e] * inv;",
+        f"                {r.buf(k.out)}[{out_off}] = badg[rr] ? NAN : {empty}acc[e] * inv;",
         "        }",
         "#undef part_rec",
         "    }",

@@ -46,6 +46,10 @@ def _int_node(m):
     return not m.node.dtype.is_float
 
 
+def _is_bool(m) -> bool:
+    return m.x.dtype.name == "bool"
+
+
 RULES = [
     Rule("mul-one", P.x * 1, _only(lambda m: keeps_dtype(m, "x"), lambda m: m.x), EXACT),
     Rule("add-zero", P.x + 0, _only(lambda m: keeps_dtype(m, "x"), lambda m: m.x), VALUE,
@@ -54,6 +58,8 @@ RULES = [
          "integers and bool selects only: for floats inf * 0 is NaN"),
     Rule("neg-neg", (P.x * -1) * -1, _only(lambda m: keeps_dtype(m, "x"), lambda m: m.x), EXACT,
          "negation is exact in floats and wraps consistently in integers"),
+    Rule("not-not", P.x.less_than(True).less_than(True), _only(_is_bool, lambda m: m.x), EXACT,
+         "bools: not(not b) is b (logical_not is b < True)"),
     Rule("lt-self", P.x.less_than(P.x), lambda m: full(m, False), EXACT, "x < x is false, also for NaN"),
     Rule("cast-chain", P.x.cast(name="mid").cast(), _cast_chain, EXACT,
          "only when the first cast is lossless for x and, for an integer result, keeps x's kind"),
