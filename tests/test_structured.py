@@ -170,6 +170,19 @@ def test_deeply_nested_schema_is_refused_not_a_crash(compiler) -> None:
         big.compile(json_schema(schema))
 
 
+def test_grammar_the_vocabulary_cannot_write(tmp_path) -> None:
+    from tiny_gguf import write_tiny_llama
+
+    from lightspeed.io import Tokenizer
+    write_tiny_llama(tmp_path / "tiny.gguf", seed=1)
+    tok = Tokenizer.from_gguf(str(tmp_path / "tiny.gguf"))  # ASCII bytes and a few pieces
+    tiny = GrammarCompiler(tok, tok.vocab_size)
+    assert tiny.compile(regex("t1( t2)*")).new_constraint().allowed().any()
+    with pytest.raises(GrammarError) as e:
+        tiny.compile(regex("é+"))
+    assert e.value.code == "grammar_unwritable" and "vocabulary" in str(e.value)
+
+
 # tools ------------------------------------------------------------------------------------------------
 def test_check_tools() -> None:
     check_tools([WEATHER, ADD])

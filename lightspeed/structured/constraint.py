@@ -86,7 +86,10 @@ class Constraint:
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise GrammarError(f"the grammar engine stopped: {self.matcher.get_error()}", "grammar_engine_error")
+            # llguidance's message, without the marker line it adds when its errors are not verbose
+            lines = [x for x in self.matcher.get_error().splitlines() if x.strip() and x.strip() != "<non-verbose/>"]
+            raise GrammarError(f"the grammar engine stopped: {' '.join(lines) or 'unknown error'}",
+                               "grammar_engine_error")
 
 
 class MaskWorker:

@@ -172,7 +172,17 @@ class GrammarCompiler:
         if matcher.is_error():
             raise GrammarError(f"{spec.describe()} was refused by the grammar engine: "
                                f"{_first_line(matcher.get_error())}")
-        return CompiledGrammar(spec, tok, self.n_vocab, frozenset(self.tokenizer.stop_ids), matcher)
+        compiled = CompiledGrammar(spec, tok, self.n_vocab, frozenset(self.tokenizer.stop_ids), matcher)
+        # a vocabulary that cannot write the grammar's first bytes is the request's problem, told now
+        # rather than as a failed generation
+        try:
+            ok = bool(compiled.new_constraint().allowed().any())
+        except GrammarError:  # the engine stopped at once: nothing in the vocabulary fits
+            ok = False
+        if not ok:
+            raise GrammarError(f"the model's vocabulary cannot write any text of {spec.describe()}",
+                               "grammar_unwritable")
+        return compiled
 
 
 def _first_line(message: str, limit: int = 400) -> str:
