@@ -42,6 +42,7 @@ def add_version(sub) -> None:
     p.set_defaults(handler=_version)
 
 
+from .cli_compile import add_compile  # noqa: E402
 from .cli_embed import add_embed  # noqa: E402
 from .cli_generate import add_chat, add_generate  # noqa: E402
 from .cli_perplexity import add_perplexity  # noqa: E402
@@ -49,8 +50,8 @@ from .bench.cli import add_bench  # noqa: E402
 from .requant.cli import add_quantize  # noqa: E402
 from .serve.cli import add_serve  # noqa: E402
 
-COMMANDS: list[Callable] = [add_demo, add_version, add_generate, add_chat, add_embed, add_bench, add_quantize, add_serve,
-                            add_perplexity]
+COMMANDS: list[Callable] = [add_demo, add_version, add_generate, add_chat, add_embed, add_bench, add_quantize,
+                            add_serve, add_perplexity, add_compile]
 
 
 DEBUG_HELP = f"show the traceback of an error (also: {DEBUG_ENV}=1)"

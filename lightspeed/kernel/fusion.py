@@ -67,8 +67,12 @@ class Former:
     """Builds a KernelPlan from a Program."""
 
     def __init__(self, program: Program, use_templates: bool = True, activations: str = "float",
-                 lower_only: frozenset[int] | None = None, gemm: bool = True, byte_loads: bool = False):
+                 lower_only: frozenset[int] | None = None, gemm: bool = True, byte_loads: bool = False,
+                 fuse_reduced: bool = False):
         self.program = program
+        # a value read only by one reduction, through a plain view, is computed inside the reduction loop
+        # however expensive (a product with a dequantized weight): storing it saves no work, only memory
+        self.fuse_reduced = fuse_reduced
         self.generate_gemm = gemm  # matmul-like reductions become "gemm" kernels (packed, register-blocked)
         self.byte_loads = byte_loads  # float16 decodes from bytes become ir.Bytes loads (Graph.byte_values)
         self.lower_only = lower_only  # None: every match lowers; else only matches at these node ids (search)
@@ -213,6 +217,8 @@ class Former:
         cost = self._cost(n)
         if cost >= (1 << 20):  # contains an inlined reduction
             return len(uses) > 1 or any(not _injective_plain(st) for _, st in uses)
+        if self.fuse_reduced and len(uses) == 1 and uses[0][0].op in REDUCE and _injective_plain(uses[0][1]):
+            return False
         if len(uses) > 1 and cost > RECOMPUTE_MAX_COST:
             return True
         if any(_expands(st) for _, st in uses) and cost > EXPAND_MAX_COST:
@@ -474,12 +480,14 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
 
 def form_kernels(program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None, gemm: bool = True,
-                 byte_loads: bool = False) -> KernelPlan:
+                 byte_loads: bool = False, fuse_reduced: bool = False) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
     ``activations`` is how quantized matmuls take their activations: "float" (float32, exact decode),
     "int16" or "int8" (quantized per block of 32 once per call: faster, not bit-exact);
     ``lower_only`` (graph search's choice) lets only the lowered kernels matched at these node ids replace
     their primitive forms (None: all of them); ``gemm=False`` keeps matmul-like reductions in the plain
     loop forms instead of "gemm" kernels; ``byte_loads`` reads the float16 values a decode rebuilds from two
-    bytes (Graph.byte_values) with one load (a backend that renders ``ir.Bytes``)."""
-    return Former(program, use_templates, activations, lower_only, gemm, byte_loads).plan()
+    bytes (Graph.byte_values) with one load (a backend that renders ``ir.Bytes``); ``fuse_reduced`` computes
+    a value that only one reduction reads inside that reduction however expensive it is (the GPU backends:
+    a product with a dequantized weight is otherwise stored as a [seq, k, n] temporary)."""
+    return Former(program, use_templates, activations, lower_only, gemm, byte_loads, fuse_reduced).plan()

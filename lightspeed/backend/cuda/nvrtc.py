@@ -38,6 +38,23 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
+@lru_cache(maxsize=None)
+def supported_archs() -> tuple[str, ...]:
+    """The architectures this NVRTC compiles for ("sm_75", ..., "sm_90", ...)."""
+    nvrtc = _nvrtc()
+    return tuple(f"sm_{a}" for a in _check(nvrtc, nvrtc.nvrtcGetSupportedArchs(), "nvrtcGetSupportedArchs"))
+
+
+def check_arch(arch: str) -> None:
+    """Raise ValueError unless ``arch`` names an architecture this NVRTC supports ("sm_90", "sm_90a")."""
+    if not (isinstance(arch, str) and arch.startswith("sm_") and arch[3:].rstrip("af").isdigit()):
+        raise ValueError(f"arch must name a GPU architecture such as 'sm_90', got {arch!r}")
+    base = "sm_" + arch[3:].rstrip("af")
+    archs = supported_archs()
+    if base not in archs:
+        raise ValueError(f"NVRTC {nvrtc_version()} cannot compile for {arch}; it supports {', '.join(archs)}")
+
+
 def available() -> str | None:
     """Why NVRTC cannot be used here, or None when it can."""
     try:
@@ -64,8 +81,7 @@ def _log(nvrtc, prog) -> str:
 def compile_cubin(source: str, arch: str = DEFAULT_ARCH, name: str = "lightspeed.cu",
                   options: tuple[str, ...] = (), cache: bool = True) -> bytes:
     """The cubin (ELF) of CUDA C ``source`` for ``arch`` (e.g. "sm_90"); raises NvrtcError with NVRTC's log."""
-    if not (arch.startswith("sm_") and arch[3:].rstrip("a").isdigit()):
-        raise ValueError(f"arch must name a real GPU architecture such as 'sm_90', got {arch!r}")
+    check_arch(arch)
     opts = (f"--gpu-architecture={arch}",) + NVRTC_OPTIONS + tuple(options)
     path = None
     if cache:

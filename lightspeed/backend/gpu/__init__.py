@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .dialect import CUDA, DIALECTS, OPENCL, Dialect
-from .render import GpuKernel, GpuProgram, render_kernel, render_program
+from .render import GpuKernel, GpuProgram, form_plan, render_kernel, render_program
 
-__all__ = ["CUDA", "DIALECTS", "OPENCL", "Dialect", "GpuKernel", "GpuProgram", "render_kernel", "render_program"]
+__all__ = ["CUDA", "DIALECTS", "OPENCL", "Dialect", "GpuKernel", "GpuProgram", "form_plan", "render_kernel",
+           "render_program"]

@@ -35,7 +35,8 @@ _TYPES_OPENCL = """typedef char ls_i8; typedef uchar ls_u8; typedef short ls_i16
 typedef int ls_i32; typedef uint ls_u32; typedef long ls_i64; typedef ulong ls_u64;
 """
 _TYPES_CUDA = """typedef signed char ls_i8; typedef unsigned char ls_u8;
-typedef short ls_i16; typedef unsigned short ls_u16; typedef int ls_i32; typedef unsigned int ls_u32; typedef long long ls_i64; typedef unsigned long long ls_u64;
+typedef short ls_i16; typedef unsigned short ls_u16; typedef int ls_i32; typedef unsigned int ls_u32;
+typedef long long ls_i64; typedef unsigned long long ls_u64;
 """
 
 OPENCL = Dialect(

@@ -19,11 +19,12 @@ GROUP = 64  # work items per output (a power of two: the tree halves it)
 MIN_SIZE = 128  # reductions shorter than this keep one work item per output
 
 
-def row_reduction(k: ir.Kernel) -> ir.Reduce | None:
-    """The reduction kernel ``k`` computes under this schedule, or None: its value must hold exactly one
-    reduction of at least ``MIN_SIZE`` elements, reached from the value through arithmetic and casts only
-    (so it is evaluated unconditionally; an epilogue such as ``rsqrt(mean(x * x) + eps)`` is fine)."""
-    if k.kind not in ("loop", "tiled"):
+def row_reduction(k: ir.Kernel, kinds: tuple[str, ...] = ("loop", "tiled")) -> ir.Reduce | None:
+    """The reduction kernel ``k`` computes under this schedule, or None: it must be of one of ``kinds`` and
+    its value must hold exactly one reduction of at least ``MIN_SIZE`` elements, reached from the value
+    through arithmetic and casts only (so it is evaluated unconditionally; an epilogue such as
+    ``rsqrt(mean(x * x) + eps)`` is fine)."""
+    if k.kind not in kinds:
         return None
     found: list[ir.Reduce] = []
     stack = [k.value]

@@ -26,6 +26,8 @@ import numpy as np
 from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
+from ...graph import Program
+from ...kernel import form_kernels
 from ...kernel.fusion import KernelPlan
 from ...kernel.ir import dense_offset, loop_var
 from ...kernel.matmul_form import match_matmul
@@ -63,14 +65,29 @@ def float_literal(v: float) -> str:
     return f"{v.hex()}f" if v != int(v) or abs(v) >= 2**24 else f"{v:.1f}f"
 
 
+# a gemm kernel whose output has at most this many rows (a decode step's matrix-vector products) runs its
+# row form: a work group per output splitting k (reduce.py), not a 16 x 16 tile of which one row is used
+SMALL_ROWS = 8
+
+
 @dataclass
 class GpuKernel:
-    """One launch: plan kernel ``name`` runs function ``function`` over ``items`` work items."""
+    """One launch: plan kernel ``name`` runs function ``function`` over ``items`` work items. A gemm kernel
+    may carry ``small``, the launch of its row form, taken when its output's ``rows`` are at most
+    ``SMALL_ROWS`` at run time (``launch_for``)."""
     name: str
     function: str
     buffers: list[ir.Buffer]
     items: sym.sint
     block: int | None = None  # work-group size the function needs (None: the launcher's choice)
+    rows: sym.sint | None = None
+    small: "GpuKernel | None" = None
+
+    def launch_for(self, env: dict[str, int]) -> "GpuKernel":
+        """The launch to run at dimension values ``env`` (this one, or its row form for few rows)."""
+        if self.small is not None and int(sym.evaluate(self.rows, env)) <= SMALL_ROWS:
+            return self.small
+        return self
 
 
 @dataclass
@@ -103,6 +120,8 @@ def _ir_key(x: ir.IR, memo: dict) -> tuple:
         k = ("R", x.op, x.var, x.size, _ir_key(x.body, memo), x.dtype)
     elif isinstance(x, ir.Gather):
         k = ("G", _ir_key(x.index, memo), x.var, x.rows, _ir_key(x.body, memo), x.dtype)
+    elif isinstance(x, ir.Bytes):
+        k = ("B", id(x.buf), x.offset, x.stored)
     else:
         raise NotImplementedError(f"GPU renderer: {type(x).__name__}")
     memo[id(x)] = k
@@ -113,10 +132,11 @@ class KernelRenderer:
     """Renders the IR of one plan kernel as statements of ``Emitter`` (a fresh renderer per kernel)."""
 
     def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel, tiled_gemm: bool = True,
-                 row_reductions: bool = True):
+                 row_reductions: bool = True, row_form: bool = False):
         self.dialect = dialect
         self.tiled_gemm = tiled_gemm  # gemm kernels under the tile schedule (gemm.py), else plain loops
         self.row_reductions = row_reductions  # long reductions: a work group per output (reduce.py)
+        self.row_kinds = ("loop", "tiled", "gemm") if row_form else ("loop", "tiled")
         self.plan = plan
         self.kernel = k
         self.em = Emitter(dialect, list(plan.dims))
@@ -174,7 +194,19 @@ class KernelRenderer:
             return self.round16(self.reduce(x), x.dtype)
         if isinstance(x, ir.Gather):
             return self.gather(x)
+        if isinstance(x, ir.Bytes):
+            return self.bytes_value(x)
         raise NotImplementedError(f"GPU renderer: {type(x).__name__}")
+
+    def bytes_value(self, x: ir.Bytes) -> str:
+        """A float16 or int8 stored little-endian in a byte buffer at any byte offset (a quantized block's
+        scale, its weights), as float: byte loads, since the offset need not be aligned."""
+        b, off = self.buf(x.buf), self.em.sym(x.offset)
+        if x.stored is dt.int8:
+            return f"((float)(ls_i8){b}[{off}])"
+        if x.stored is dt.float16:
+            return f"ls_f16_to_f32((ls_u16)((ls_u16){b}[{off}] | ((ls_u16){b}[{off} + 1] << 8)))"
+        raise NotImplementedError(f"GPU renderer: bytes holding {x.stored}")
 
     def load(self, b: ir.Buffer, off: sym.sint) -> str:
         ref = f"{self.buf(b)}[{self.em.sym(off)}]"
@@ -245,7 +277,7 @@ class KernelRenderer:
             return f"(({a[0]}) | ({a[1]}))"  # numpy: bool + bool is logical or
         if op is Op.MOD:
             if d.is_float:
-                return f"{self.dialect.fmod}({a[0]}, {a[1]})"
+                return self.float_mod(x, a)
             t = compute_type(d)
             # x % 0 is 0 (as in the reference) and x % -1 is 0 (INT_MIN % -1 would trap)
             return f"((({a[1]}) == 0 || ({a[1]}) == -1) ? ({t})0 : ({t})(({a[0]}) % ({a[1]})))"
@@ -257,6 +289,21 @@ class KernelRenderer:
         t = compute_type(d)
         u = UNSIGNED_OF.get(t, t)  # wrap-around integer arithmetic, as numpy does
         return f"(({t})(({u})({a[0]}) {sym_op} ({u})({a[1]})))"
+
+    def float_mod(self, x: ir.Alu, a: list[str]) -> str:
+        """C's fmod (numpy's). By a constant power of two 2**k (a quantized block's nibble and bit fields
+        are cut out of a byte this way) it is computed exactly without the library call, which is slow on
+        some devices: ``a * 2**-k`` and ``trunc(.) * 2**k`` are exact scalings, their difference is the
+        exact remainder (representable, so the subtraction returns it), and the sign of a zero remainder is
+        ``a``'s as fmod's is; infinities give NaN through ``inf - inf``, NaN stays NaN."""
+        c = x.args[1]
+        if isinstance(c, ir.Const) and x.dtype is dt.float32:
+            v = float(c.value)
+            if v > 0 and math.isfinite(v) and math.frexp(v)[0] == 0.5:
+                inv, t = float_literal(1.0 / v), self.em.fresh("t")
+                self.em.line(f"const float {t} = {a[0]};")
+                return f"copysign({t} - trunc({t} * {inv}) * {a[1]}, {t})"
+        return f"{self.dialect.fmod}({a[0]}, {a[1]})"
 
     @staticmethod
     def acc_type(d: dt.DType) -> str:
@@ -332,7 +379,7 @@ class KernelRenderer:
         if k.kind not in LOOP_KINDS:
             raise NotImplementedError(f"GPU renderer: kernel {k.name} is a lowered {k.kind!r} kernel; "
                                       "form the plan with use_templates=False")
-        red = row_reduction(k) if self.row_reductions else None
+        red = row_reduction(k, self.row_kinds) if self.row_reductions else None
         if red is not None:
             return render_row_reduction(self, red)
         if k.kind == "gemm" and self.tiled_gemm:
@@ -378,26 +425,57 @@ class KernelRenderer:
             em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
 
 
+def form_plan(program: Program) -> KernelPlan:
+    """The kernel plan the GPU backends render: generated kernels only (the C-only lowered templates are
+    not formed), float16 scales read from their bytes with one load each (``ir.Bytes``), and a product
+    with a dequantized weight computed inside its reduction (a gemm kernel) instead of stored."""
+    return form_kernels(program, use_templates=False, byte_loads=True, fuse_reduced=True)
+
+
 def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect, tiled_gemm: bool = True,
-                  row_reductions: bool = True) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
+                  row_reductions: bool = True,
+                  row_form: bool = False) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
     """(function text named ``KFN``, its buffers in argument order, its work items, its work-group size or
-    None) of plan kernel ``k``."""
-    r = KernelRenderer(plan, dialect, k, tiled_gemm, row_reductions)
+    None) of plan kernel ``k``; ``row_form`` renders a gemm kernel as a row reduction (reduce.py)."""
+    r = KernelRenderer(plan, dialect, k, tiled_gemm, row_reductions, row_form)
     text, items, block = r.function()
     return text, r.buffers, items, block
 
 
+def _small_rows(k: ir.Kernel) -> sym.sint | None:
+    """The rows of a gemm kernel that has a row form (its reduction is long enough), else None."""
+    if k.kind != "gemm" or row_reduction(k, ("gemm",)) is None:
+        return None
+    form = match_matmul(k.value, k.loop_vars)
+    return None if form is None else k.shape[form.m]
+
+
 def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k", tiled_gemm: bool = True,
-                   row_reductions: bool = True) -> GpuProgram:
+                   row_reductions: bool = True, small_form: str = "rows") -> GpuProgram:
     """Every kernel of ``plan`` as functions of ``dialect`` (equal texts share one function) and the
     launches in plan order; ``tiled_gemm=False`` renders gemm kernels, ``row_reductions=False`` long
-    reductions, as plain per-output loops."""
+    reductions, as plain per-output loops. With both, a tiled gemm kernel also gets a form for few rows:
+    ``small_form="rows"`` a work group per output splitting k (GPUs: the group's loads of a weight row
+    coalesce), ``"loop"`` a work item per output looping over k (CPUs such as PoCL's, where a work group
+    and its barriers cost more than the loop)."""
+    if small_form not in ("rows", "loop"):
+        raise ValueError(f"small_form must be 'rows' or 'loop', got {small_form!r}")
     by_text: dict[str, str] = {}
+
+    def launch(k: ir.Kernel, tiles: bool = tiled_gemm, rows: bool = row_reductions,
+               row_form: bool = False) -> GpuKernel:
+        text, buffers, items, block = render_kernel(plan, k, dialect, tiles, rows, row_form)
+        name = by_text.setdefault(text, f"{prefix}{len(by_text)}")
+        return GpuKernel(k.name, name, buffers, items, block)
+
     launches = []
     for k in plan.kernels:
-        text, buffers, items, block = render_kernel(plan, k, dialect, tiled_gemm, row_reductions)
-        name = by_text.setdefault(text, f"{prefix}{len(by_text)}")
-        launches.append(GpuKernel(k.name, name, buffers, items, block))
+        main = launch(k)
+        rows = _small_rows(k) if tiled_gemm and row_reductions else None
+        if rows is not None:
+            small = launch(k, row_form=True) if small_form == "rows" else launch(k, tiles=False, rows=False)
+            main.rows, main.small = rows, small
+        launches.append(main)
     functions = {name: text.replace("KFN", name) for text, name in by_text.items()}
     source = dialect.prelude() + "\n" + "\n".join(functions.values())
     return GpuProgram(dialect, source, functions, launches)

@@ -1,0 +1,42 @@
+"""Whether a GPU backend can run here, asked before anything is compiled (the command line uses this so
+that ``--backend cuda`` on a machine without a driver fails at once, with the reason, not after a model
+has been loaded and compiled), and the error for options a GPU backend does not take."""
+from __future__ import annotations
+
+from typing import Iterable
+
+GPU_BACKENDS = ("opencl", "cuda")
+
+
+def unavailable_reason(backend: str) -> str | None:
+    """Why ``backend`` ("opencl" or "cuda") cannot run kernels here, or None when it can (and for every
+    other backend name)."""
+    if backend == "opencl":
+        from ..opencl import unavailable_reason as opencl_reason
+        return opencl_reason()
+    if backend == "cuda":
+        from ..cuda import device_unavailable_reason
+        return device_unavailable_reason()
+    return None
+
+
+def require_runnable(backend: str) -> None:
+    """Raise the backend's own error (OpenCLUnavailableError, CudaUnavailableError) when ``backend`` is a
+    GPU backend that cannot run here; nothing for other backends."""
+    if backend == "opencl":
+        from ..opencl import find_device
+        find_device()
+    elif backend == "cuda":
+        from ..cuda import CudaUnavailableError, device_unavailable_reason
+        reason = device_unavailable_reason()
+        if reason is not None:
+            raise CudaUnavailableError(f"--backend cuda cannot run here: {reason}")
+
+
+def reject_options(backend: str, options: Iterable[str], accepted: Iterable[str]) -> None:
+    """A ValueError naming the options ``backend`` does not take (the C backend's performance switches,
+    such as ``activations`` or ``templates``, have no meaning for the GPU kernels)."""
+    unknown = sorted(options)
+    if unknown:
+        raise ValueError(f"backend {backend!r} does not take the option(s) {', '.join(unknown)} (C-backend "
+                         f"options; it takes: {', '.join(accepted)})")
