@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_generate import add_activations_argument, add_kv_cache_argument, check_context
+from ..cli_generate import (add_activations_argument, add_backend_argument, add_kv_cache_argument, check_backend,
+                            check_context)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -16,6 +17,7 @@ def _serve(args: argparse.Namespace) -> int:
               "pip install 'lightspeed[serve]'", file=sys.stderr)
         return 1
     from .server import ServeOptions, serve
+    check_backend(args.backend)  # before loading: a GPU backend that cannot run here fails at once
     if args.context is not None:  # before loading: a huge bound would fail late, as a MemoryError
         check_context("--context", args.context, args.model, args.kv_cache)
     opts = ServeOptions(model=args.model, host=args.host, port=args.port, quant=args.quant, max_batch=args.max_batch,
@@ -66,7 +68,7 @@ def add_serve(sub) -> None:
                    help="seconds in-flight requests may take to finish after SIGTERM (30)")
     p.add_argument("--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning)")
-    p.add_argument("--backend", default="c", help="compiler backend (default: c)")
+    add_backend_argument(p)
     add_activations_argument(p)
     add_kv_cache_argument(p)
     p.add_argument("--threads", type=_positive, default=None,
