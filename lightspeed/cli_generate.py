@@ -134,10 +134,23 @@ def _load(args: argparse.Namespace):
     if args.ctx is not None:
         check_context("--ctx", args.ctx, args.model, args.kv_cache)
     options = {**activation_options(args.activations), **kv_cache_options(args.kv_cache)}
-    return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant, **options)
+    return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant,
+                tensor_parallel=getattr(args, "tensor_parallel", 1), **options)
 
 
 def _generate(args: argparse.Namespace) -> int:
+    if args.tensor_parallel < 1:
+        raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
+    if args.tensor_parallel > 1:
+        from .parallel import distributed_env
+        from .parallel.launch import launch_local
+        env = distributed_env()
+        if env is None:  # this process starts the ranks (torchrun started them already otherwise)
+            if args.prompt == "-":
+                raise ValueError("--tensor-parallel takes the prompt on the command line, not from stdin")
+            return launch_local(args.tensor_parallel, sys.argv[1:])
+        if env[0] != 0:  # every rank computes the same text; rank 0 prints it
+            sys.stdout = open(os.devnull, "w")
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     model = _load(args)  # errors are reported by lightspeed.cli.run_handler
     gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
@@ -154,9 +167,17 @@ def _generate(args: argparse.Namespace) -> int:
             "model": model.path, "prompt": prompt, "text": gen.text, "prompt_ids": gen.prompt_ids,
             "token_ids": gen.token_ids, "finish_reason": gen.finish_reason,
             "timings": {"load_s": round(model.load_seconds, 4), "compile_s": round(model.compile_seconds, 4),
-                        **s.as_dict()},
+                        **s.as_dict(), **_parallel_timings(model)},
         }, ensure_ascii=False))
     return 0
+
+
+def _parallel_timings(model) -> dict:
+    """The all-reduce seconds and count of a tensor-parallel run (nothing for one process)."""
+    comm = getattr(model.step, "comm", None)
+    if comm is None:
+        return {}
+    return {"tensor_parallel": comm.world, "allreduce_s": round(comm.seconds, 4), "allreduce_calls": comm.calls}
 
 
 def add_generate(sub) -> None:
@@ -167,6 +188,9 @@ def add_generate(sub) -> None:
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (prompt, text, token ids, timings) instead of streaming")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model across N local ranks (processes; each takes cores/N threads unless "
+                        "--threads is given); under torchrun, the ranks it started")
     p.add_argument("prompt", metavar="PROMPT", help='the prompt text ("-" reads it from stdin)')
     p.set_defaults(handler=_generate)
 

@@ -184,3 +184,19 @@ def test_shared_memory_all_reduce_sums_in_rank_order(tmp_path) -> None:
     for k, a in enumerate(sums):
         assert a == [float(np.float32(1.5 + k) + np.float32(2.5 + k))] * (k + 1)
     assert b == [0.0, 2.0, 4.0]
+
+
+@needs_model
+def test_generate_cli_with_two_ranks_prints_one_process_text() -> None:
+    import lightspeed.api as lsa
+    run = subprocess.run([sys.executable, "-m", "lightspeed", "generate", "--tensor-parallel", "2", "--ctx", "128",
+                          "--max-tokens", "12", "--json", PROMPT], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)  # rank 0's report only: the other rank's stdout is discarded
+    single = lsa.load(ctx=128, progress=False).generate(PROMPT, max_tokens=12)
+    assert out["text"] == single.run() and out["token_ids"] == single.token_ids
+    assert out["timings"]["tensor_parallel"] == 2
+    assert out["timings"]["allreduce_calls"] == 2 * 30 * 12 + 2  # 2 per layer per call; 2 broadcasts at setup
+    bad = subprocess.run([sys.executable, "-m", "lightspeed", "generate", "--tensor-parallel", "2", "-"],
+                         input="hi", capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "not from stdin" in bad.stderr and "Traceback" not in bad.stderr
