@@ -283,7 +283,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
         def message(content: list[dict], stop: tuple[str | None, str | None], output_tokens: int) -> dict:
             return {"id": mid, "type": "message", "role": "assistant", "model": state.model_id, "content": content,
                     "stop_reason": stop[0], "stop_sequence": stop[1],
-                    "usage": {"input_tokens": len(ids), "output_tokens": output_tokens}}
+                    "usage": {"input_tokens": len(ids), "output_tokens": output_tokens,
+                              "cache_read_input_tokens": seq.cached_tokens}}
 
         if req.stream:
             async def events() -> AsyncIterator[str]:
@@ -340,7 +341,8 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
                     yield close(index)
                 reason, sequence = _stop(seq, reply)
                 yield sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                           "usage": {"output_tokens": len(seq.token_ids)}}, "message_delta")
+                           "usage": {"output_tokens": len(seq.token_ids),
+                                     "cache_read_input_tokens": seq.cached_tokens}}, "message_delta")
                 yield sse({"type": "message_stop"}, "message_stop")
             return streaming_response(events(), choices, request)
         result = (await choices.collect(request))[0]

@@ -28,7 +28,7 @@ def _serve(args: argparse.Namespace) -> int:
                         kv_cache=args.kv_cache, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                         keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
                         max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds,
-                        max_schema_bytes=args.max_schema_bytes)
+                        max_schema_bytes=args.max_schema_bytes, prefix_cache_mb=args.prefix_cache_mb)
     return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
 
 
@@ -36,6 +36,13 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -71,6 +78,9 @@ def add_serve(sub) -> None:
     add_backend_argument(p)
     add_activations_argument(p)
     add_kv_cache_argument(p)
+    p.add_argument("--prefix-cache-mb", type=_non_negative, default=256,
+                   help="MiB of cached KV rows of shared prompt prefixes (system prompts, earlier turns) that later "
+                        "requests reuse instead of prefilling again; 0 turns it off (256)")
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     limits = p.add_argument_group("connection limits (slow or idle clients are disconnected)")

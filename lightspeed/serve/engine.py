@@ -19,6 +19,11 @@ sample. The mask depends only on the tokens so far, so the masks of every such s
 computed in parallel by a ``lightspeed.structured.MaskWorker`` while the step (or a prompt's last
 prefill chunk) runs natively; the engine waits for them only if they take longer than the step.
 
+With a ``PrefixCache`` (lightspeed.prefix_cache), a sequence admitted into a slot first copies the
+cached rows of the longest cached prefix of its prompt (all but its last token, whose logits it needs)
+and prefills only the rest; once its prompt is prefilled its full blocks are stored, and when it leaves
+the rows of everything it generated are too (the next turn of a chat starts with them).
+
 Steppers: ``BatchedStep`` (lightspeed.serve.batched) for model families with a batched forward;
 ``SequentialStepper`` (one single-sequence call per sequence per step) for the others.
 """
@@ -33,6 +38,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..prefix_cache import PrefixCache
 from ..structured import MaskWorker
 from .sequence import Sequence
 
@@ -68,10 +74,13 @@ class SequentialStepper:
 class Engine:
     """Runs sequences on ``step`` (the single-sequence program, for prefill) and ``stepper`` (decode)."""
 
-    def __init__(self, step, stepper, max_queue: int = 64):
+    def __init__(self, step, stepper, max_queue: int = 64, prefix_cache: PrefixCache | None = None):
         if getattr(step, "kv_update", "rows") != "rows":
             raise ValueError("the engine prefills into slot views, which needs kv_update='rows'")
         self.step, self.stepper = step, stepper
+        # rows are reused by position, so every cache must hold one row per position of the slot
+        caches = stepper.slot_caches(0)
+        self.prefix_cache = prefix_cache if all(a.shape[0] == stepper.ctx for a in caches.values()) else None
         self.ctx, self.max_batch, self.max_queue = stepper.ctx, stepper.max_batch, max_queue
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.slots: list[Sequence] = []  # packed: slots[i].slot == i
@@ -136,7 +145,8 @@ class Engine:
                     "prefill_seconds": round(self.prefill_seconds, 3),
                     "grammar_masks": masks.masks if masks else 0,
                     "grammar_mask_seconds": round(masks.seconds, 4) if masks else 0.0,
-                    "grammar_wait_seconds": round(self.mask_wait_seconds, 4)}
+                    "grammar_wait_seconds": round(self.mask_wait_seconds, 4),
+                    "prefix_cache": self.prefix_cache.stats() if self.prefix_cache is not None else None}
 
     def drain(self) -> None:
         """Take no new work from now on; what runs and waits goes on."""
@@ -229,6 +239,9 @@ class Engine:
                 seq = self.waiting.popleft() if self.waiting else None
             if seq is not None:
                 seq.slot, seq.pos = len(self.slots), 0
+                if self.prefix_cache is not None:  # the last prompt token always runs: its logits are needed
+                    seq.pos = seq.cached_tokens = self.prefix_cache.load(
+                        seq.prompt_ids, self.stepper.slot_caches(seq.slot), limit=len(seq.prompt_ids) - 1)
                 self.slots.append(seq)
                 filling = seq
         if filling is None:
@@ -249,6 +262,8 @@ class Engine:
             self._wait_masks(job)
         filling.pos += len(chunk)
         self.prefilled_tokens += len(chunk)
+        if not filling.prefill_left and self.prefix_cache is not None:
+            self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot))
         if not filling.prefill_left and not filling.accept(logits[-1], self.ctx):
             self._release([filling])
 
@@ -299,6 +314,9 @@ class Engine:
         """Remove finished or cancelled sequences and pack the slots again."""
         gone_ids = {id(s) for s in gone}
         for seq in gone:
+            # rows 0 .. pos-1 hold history[:pos] once the prompt is prefilled (not after a failed step)
+            if self.prefix_cache is not None and seq.finish_reason != "error" and seq.pos >= len(seq.prompt_ids):
+                self.prefix_cache.store(seq.history, self.stepper.slot_caches(seq.slot), seq.pos)
             seq.slot = None
         decoding = [s for s in self.slots if id(s) not in gone_ids and s.next_token is not None]
         filling = [s for s in self.slots if id(s) not in gone_ids and s.next_token is None]

@@ -94,6 +94,7 @@ class Sequence:
         self._decoded = 0                       # characters the detokenizer has produced
         self.slot: int | None = None
         self.pos = 0
+        self.cached_tokens = 0  # prompt tokens whose rows came from the prefix cache
         self.next_token: int | None = None
         self.finish_reason: str | None = None
         self.submitted = time.perf_counter()
@@ -209,6 +210,7 @@ class Sequence:
         return False
 
     @property
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict:
         n, m = len(self.prompt_ids), len(self.token_ids)
-        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from ..io.template_limits import TemplateLimits
+from ..prefix_cache import PrefixCache
 from ..structured import GrammarLimits
 from .engine import Engine, SequentialStepper
 
@@ -53,6 +54,7 @@ class ServeOptions:
     max_header_bytes: int = 16 * 1024    # a longer request head is refused (400) as it arrives
     template_seconds: float = 5.0        # wall-clock bound of one chat-template render
     max_schema_bytes: int = 32 * 1024    # a response_format schema or grammar, or a request's tool schemas
+    prefix_cache_mb: int = 256           # KV rows of shared prompt prefixes kept for reuse (0: no prefix cache)
 
 
 def model_name(path: str) -> str:
@@ -101,7 +103,8 @@ def build_state(opts: ServeOptions):
         embedder = load_embedder(path, backend=opts.backend)
         embed_id = "all-MiniLM-L6-v2" if opts.embed_model == "default" else model_name(path)
         _log(f"embedding model {embed_id} ({embedder.dim} dimensions)")
-    engine = Engine(model.step, stepper, max_queue=opts.max_queue)
+    cache = PrefixCache(opts.prefix_cache_mb << 20) if opts.prefix_cache_mb > 0 else None
+    engine = Engine(model.step, stepper, max_queue=opts.max_queue, prefix_cache=cache)
     engine.start()
     return ServerState(model=model, model_id=opts.name or model_name(model.path), engine=engine,
                        embedder=embedder, embed_id=embed_id, api_key=opts.api_key,
@@ -117,6 +120,8 @@ def check_limits(opts: ServeOptions) -> None:
         value = getattr(opts, name)
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
+    if not opts.prefix_cache_mb >= 0:
+        raise ValueError(f"prefix_cache_mb must be >= 0, got {opts.prefix_cache_mb!r}")
 
 
 def bounded_protocol(header_timeout: float) -> type:

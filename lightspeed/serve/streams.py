@@ -78,11 +78,13 @@ class Choices:
             raise APIError(503, str(e), type="server_error", code="shutting_down") from None
 
     @property
-    def usage(self) -> dict[str, int]:
-        """OpenAI's usage: the prompt once, the completion tokens of every choice."""
+    def usage(self) -> dict:
+        """OpenAI's usage: the prompt once, the completion tokens of every choice, and the prompt tokens
+        whose rows came from the prefix cache (the most of any choice)."""
         n = len(self.seqs[0].prompt_ids)
         m = sum(len(s.token_ids) for s in self.seqs)
-        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m}
+        return {"prompt_tokens": n, "completion_tokens": m, "total_tokens": n + m,
+                "prompt_tokens_details": {"cached_tokens": max(s.cached_tokens for s in self.seqs)}}
 
     def cancel(self) -> None:
         """Cancel every choice still running."""
