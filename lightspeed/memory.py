@@ -133,3 +133,15 @@ def release_file_pages(arrays) -> int:
                     released += libc.madvise(ctypes.c_void_p(start), end - start, mmap.MADV_DONTNEED) == 0
                 break
     return released
+
+
+def release_freed_heap() -> bool:
+    """Hand the C heap's free pages back to the OS (glibc's ``malloc_trim``): compiling frees many small
+    Python objects, and glibc keeps the pages they sat on unless asked. False where there is no such call."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+    if trim is None:
+        return False
+    trim(ctypes.c_size_t(0))
+    return True
+

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import platform
 import sys
 
 import numpy as np
@@ -146,3 +147,39 @@ def test_programs_over_the_same_file_weights_share_one_copy(tmp_path) -> None:
     progs.clear()
     gc.collect()
     assert key not in cbackend._COPIES
+
+
+def test_loading_a_gguf_model_releases_its_vocabulary_arrays() -> None:
+    """The tokenizer keeps its own copy, so the file's token and merge lists (~16 MB of Python objects for
+    SmolLM2) are dropped; asking the file for them again says how to get them."""
+    from lightspeed import api
+    from lightspeed.io import Tokenizer, load_gguf
+    from lightspeed.models import load_model
+    try:
+        path = api.default_model_path()
+    except api.ModelNotFoundError as e:
+        pytest.skip(str(e))
+    lm = load_model(path)
+    assert "tokenizer.ggml.tokens" not in lm.weights.file.metadata
+    assert "tokenizer.ggml.merges" not in lm.weights.file.metadata
+    fresh = Tokenizer.from_gguf(load_gguf(path))
+    text = "Hello world, the tokenizer still works: 12345 ünïcödé"
+    assert lm.tokenizer.encode(text) == fresh.encode(text)
+    with pytest.raises(ValueError, match="load the file again"):
+        lm.weights.file.tokenizer_info()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="malloc_trim is glibc's")
+def test_freed_heap_pages_go_back_to_the_os() -> None:
+    def anon_mb() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("RssAnon"))
+
+    blocks = [bytearray(4000) for _ in range(30_000)]  # ~120 MB of heap blocks
+    keep = blocks[::64]  # a few survivors pin the heap, so freeing the rest returns nothing by itself
+    del blocks
+    before = anon_mb()
+    assert memory.release_freed_heap() is True
+    assert before - anon_mb() > 50, "malloc_trim returned less than 50 MB of ~118 MB freed"
+    assert len(keep) == 469

@@ -232,6 +232,7 @@ class GGUFFile:
                  alignment: int, data_offset: int, mapping: mmap.mmap):
         self.path, self.version, self.metadata, self.tensors = path, version, metadata, tensors
         self.alignment, self.data_offset, self._map = alignment, data_offset, mapping
+        self._vocabulary_released = False
 
     @property
     def architecture(self) -> str | None:
@@ -261,6 +262,9 @@ class GGUFFile:
 
     def tokenizer_info(self) -> GGUFTokenizerInfo:
         """The vocabulary and special tokens; ModelFormatError if they are missing or inconsistent."""
+        if self._vocabulary_released:
+            raise ValueError(f"{self.path}: the vocabulary was released after the tokenizer was built; "
+                             "load the file again (load_gguf) to read it")
         md = self.metadata
 
         def typed(key: str, kind, default=None):
@@ -302,6 +306,16 @@ class GGUFFile:
             add_eos=bool(typed("tokenizer.ggml.add_eos_token", bool, False)),
             add_space_prefix=bool(typed("tokenizer.ggml.add_space_prefix", bool, model == "llama")),
             chat_template=self.chat_template)
+
+    VOCABULARY_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                       "tokenizer.ggml.scores")
+
+    def release_vocabulary(self) -> None:
+        """Drop the vocabulary arrays from ``metadata`` once a tokenizer has been built from them (~100,000
+        Python strings for a 49k vocabulary, ~16 MB); ``tokenizer_info`` needs a fresh ``load_gguf`` after."""
+        for key in self.VOCABULARY_KEYS:
+            self.metadata.pop(key, None)
+        self._vocabulary_released = True
 
     def close(self) -> None:
         """Release the mapping (it stays open while arrays from ``raw`` are still alive)."""

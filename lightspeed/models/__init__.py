@@ -41,7 +41,10 @@ def load_model(path: "str | os.PathLike[str]", tokenizer: bool = True) -> Causal
         raise FileNotFoundError(f"no model at {path!r} (expected a .gguf file or a Hugging Face model folder)")
     gf = load_gguf(path)
     cls = _lookup(gf.architecture, path, "architecture")
-    return cls.from_gguf(gf, Tokenizer.from_gguf(gf) if tokenizer else None)
+    model = cls.from_gguf(gf, Tokenizer.from_gguf(gf) if tokenizer else None)
+    if tokenizer:
+        gf.release_vocabulary()  # the tokenizer has its own copy; the metadata's is ~16 MB of Python objects
+    return model
 
 
 __all__ = ["load_model", "ARCHITECTURES", "CausalLM", "CompiledLM", "ModelConfig", "CacheSpec", "Llama",

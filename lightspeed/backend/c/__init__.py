@@ -158,6 +158,7 @@ class CBackend:
         for (b, _), a in zip(plan.consts, self._consts):
             self._ptrs[b.slot] = _FFI.from_buffer(a)
         self.arena_bytes = plan.arena_bytes
+        memory.release_freed_heap()  # forming and rendering freed many objects; return their pages
         self._arena = np.empty(plan.arena_bytes + 64, dtype=np.uint8)
         self._arena_ptr = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)
         self._in_slots = [(b.name, b.slot) for b in plan.inputs]
