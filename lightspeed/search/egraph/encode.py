@@ -41,6 +41,8 @@ class Encoding:
     bool_edges: list[tuple[Node, ShapeTracker]] = field(default_factory=list)  # Sel numbers
     encoded: set[int] = field(default_factory=set)  # nodes with a (Root id)
     alternatives: list = field(default_factory=list)  # lowering.Alternative, by number k of (Lowered kind k ..)
+    # a window's encoding (encode_window) numbers nodes by first use: number -> node id; empty: ids themselves
+    numbers: list[int] = field(default_factory=list)
 
 
 def float32_bits(v: float) -> int:
@@ -65,11 +67,23 @@ def _encodable(n: Node) -> bool:
 
 
 class _Encoder:
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, local: bool = False):
         self.program = program
         self.enc = Encoding("", {n.id: n for n in program.nodes})
         self.view_ids: dict[ShapeTracker, int] = {}
         self.lines: list[str] = []
+        self.local = local
+        self.number_of: dict[int, int] = {}
+
+    def num(self, n: Node) -> int:
+        """The number a node goes by in the text: its id, or (local) its number by first use."""
+        if not self.local:
+            return n.id
+        k = self.number_of.get(n.id)
+        if k is None:
+            k = self.number_of[n.id] = len(self.enc.numbers)
+            self.enc.numbers.append(n.id)
+        return k
 
     def view(self, st: ShapeTracker) -> int:
         v = self.view_ids.get(st)
@@ -80,10 +94,10 @@ class _Encoder:
 
     def ref(self, n: Node) -> str:
         if n.id in self.enc.encoded:
-            return f"(Root {n.id})"
+            return f"(Root {self.num(n)})"
         if _is_scalar_f32_const(n):
             return f"(Num {float32_bits(n.arg)})"
-        return f"(Leaf {n.id})"
+        return f"(Leaf {self.num(n)})"
 
     def edge(self, s: Node, st: ShapeTracker) -> str:
         base = self.ref(s)
@@ -106,7 +120,7 @@ class _Encoder:
         else:
             term = f"({name} {' '.join(self.edge(s, st) for s, st in n.srcs)})"
         self.enc.encoded.add(n.id)
-        self.lines.append(f"(set (Root {n.id}) {term})")
+        self.lines.append(f"(set (Root {self.num(n)}) {term})")
 
 
     def alternative(self, alt) -> None:
@@ -117,7 +131,7 @@ class _Encoder:
         reads = "(FNil)"
         for r in reversed(alt.reads):
             reads = f"(FCons {self.ref(r)} {reads})"
-        self.lines.append(f'(Matched "{alt.kind}" {k} (Root {alt.root.id}) {reads})')
+        self.lines.append(f'(Matched "{alt.kind}" {k} {self.ref(alt.root)} {reads})')
 
 
 def encode(program: Program, alternatives=()) -> Encoding:
@@ -125,6 +139,19 @@ def encode(program: Program, alternatives=()) -> Encoding:
     (``search.lowering.Alternative``) whose node is encoded."""
     e = _Encoder(program)
     for n in program.nodes:
+        e.node(n)
+    for alt in alternatives:
+        e.alternative(alt)
+    e.enc.text = "\n".join(e.lines) + "\n"
+    return e.enc
+
+
+def encode_window(program: Program, nodes, alternatives=()) -> Encoding:
+    """The encoding of ``nodes`` of ``program`` alone (every other node is a ``Leaf``), numbering nodes by
+    first use (``Encoding.numbers``) and views, selects and alternatives from 0, so that two windows of
+    the same structure over different nodes (two layers of a model) have the same text."""
+    e = _Encoder(program, local=True)
+    for n in nodes:
         e.node(n)
     for alt in alternatives:
         e.alternative(alt)

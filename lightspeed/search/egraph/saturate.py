@@ -85,7 +85,17 @@ def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: in
         step = eg.parse_program(f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) (seq {runs}))")
         out = eg.run_program(*step)
         updated = any(getattr(o, "report", None) is not None and o.report.updated for o in out)
-        enodes = _size(eg, b)
+        before, enodes = enodes, _size(eg, b)
+        if updated and enodes == before:
+            # the back-off scheduler reports an update while it holds banned rules back, also when nothing
+            # is left to add: one iteration under a fresh scheduler (no bans yet, a match limit of the room
+            # left, so it cannot explode) tells whether anything is
+            room = max(limit, max_enodes - enodes)
+            check = eg.parse_program(f"(run-schedule (let-scheduler chk (back-off :match-limit {room})) "
+                                     f"(seq {' '.join(f'(run-with chk {r})' for r in rulesets)}))")
+            out = eg.run_program(*check)
+            updated = any(getattr(o, "report", None) is not None and o.report.updated for o in out)
+            enodes = _size(eg, b)
         if not updated:
             stopped = "saturated"
             break
