@@ -108,6 +108,9 @@ def test_forced_tool_call_parses(compiler, tokenizer) -> None:
             assert complete, text
             content, calls = split_calls(text, names)
             assert content == "" and len(calls) == 1, text
+            streamed = split_calls(text, names, stream_arguments=True)  # the model's text, not re-serialised
+            assert streamed[0] == content and [(n, json.loads(a)) for n, a in streamed[1]] == \
+                [(n, json.loads(a)) for n, a in calls]
             name, args = calls[0]
             jsonschema.validate(json.loads(args), (WEATHER if name == "get_weather" else ADD).parameters)
     (text, _), = _sample(compiler, tokenizer, call_grammar([WEATHER, ADD], "add"), 7)
@@ -210,6 +213,24 @@ def test_call_parser_streams_like_the_whole_text() -> None:
         assert [(e[1], e[2]) for e in events if e[0] == "call"] == whole[1]
     # an unfinished block (max_tokens cut it) stays text
     assert split_calls('Hi <tool_call>\n{"name": "add"', {"add"}) == ('Hi <tool_call>\n{"name": "add"', [])
+
+
+def test_streamed_arguments_arrive_as_they_are_written() -> None:
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "s": "x}\\"{"}}\n</tool_call>'
+    assert split_calls(text, {"add"}, stream_arguments=True) == ("", [("add", '{"a": 12, "s": "x}\\"{"}')])
+    for size in (1, 2, 5):
+        parser = CallParser({"add"}, stream_arguments=True)
+        events = []
+        for i in range(0, len(text), size):
+            events += parser.push(text[i:i + size])
+        events += parser.flush()
+        kinds = [e[0] for e in events]
+        assert kinds[0] == "call_start" and kinds[-1] == "call_done" and set(kinds[1:-1]) == {"arguments"}
+        assert len(kinds) > 3  # the arguments came in several pieces
+        assert "".join(e[1] for e in events if e[0] == "arguments") == events[-1][2] == '{"a": 12, "s": "x}\\"{"}'
+    # cut short by max_tokens: the call ends with what was written
+    assert split_calls(text[:50], {"add"}, stream_arguments=True) == ("", [("add", '{"a": 12,')])
+    assert split_calls(text[:40], {"add"}, stream_arguments=True) == (text[:40], [])  # not begun: text
 
 
 def test_default_rendering_of_tools_and_calls() -> None:

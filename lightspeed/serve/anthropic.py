@@ -16,8 +16,8 @@ Tools: ``tools`` (``name``, ``description``, ``input_schema``) and ``tool_choice
 ``tool`` with a ``name``, ``none``) work as on chat completions (``lightspeed.structured.tools``; ``any``
 and ``tool`` generate one call under the tool's schema). Assistant turns may hold ``tool_use`` blocks and
 user turns ``tool_result`` blocks answering them by ``tool_use_id``. A reply's calls are ``tool_use``
-blocks (``stop_reason: "tool_use"``), streamed as a ``content_block_start`` with empty ``input``, one
-``input_json_delta`` and a ``content_block_stop``.
+blocks (``stop_reason: "tool_use"``), streamed as a ``content_block_start`` with empty ``input``,
+``input_json_delta`` events (a forced call's arguments as they are generated) and a ``content_block_stop``.
 """
 from __future__ import annotations
 
@@ -263,7 +263,11 @@ def _stop(seq: Sequence, reply: ToolReply) -> tuple[str, str | None]:
 
 
 def _tool_use(call: tuple[str, str, str]) -> dict:
-    return {"type": "tool_use", "id": call[0], "name": call[1], "input": json.loads(call[2])}
+    try:
+        value = json.loads(call[2])
+    except ValueError:  # a call that max_tokens cut short (stop_reason max_tokens says so)
+        value = {}
+    return {"type": "tool_use", "id": call[0], "name": call[1], "input": value if isinstance(value, dict) else {}}
 
 
 def add_routes(app: FastAPI, state: ServerState) -> None:
@@ -311,13 +315,18 @@ def add_routes(app: FastAPI, state: ServerState) -> None:
                         if text_open:
                             out.append(close(index))
                             index, text_open = index + 1, False
-                        out.append(sse({"type": "content_block_start", "index": index,
-                                        "content_block": {**_tool_use(e[1:]), "input": {}}}, "content_block_start"))
-                        out.append(sse({"type": "content_block_delta", "index": index,
-                                        "delta": {"type": "input_json_delta", "partial_json": e[3]}},
-                                       "content_block_delta"))
-                        out.append(close(index))
-                        index += 1
+                        if e[0] in ("call", "call_start"):
+                            block = {"type": "tool_use", "id": e[1], "name": e[2], "input": {}}
+                            out.append(sse({"type": "content_block_start", "index": index, "content_block": block},
+                                           "content_block_start"))
+                        piece = e[3] if e[0] == "call" else e[2] if e[0] == "arguments" else ""
+                        if piece:
+                            out.append(sse({"type": "content_block_delta", "index": index,
+                                            "delta": {"type": "input_json_delta", "partial_json": piece}},
+                                           "content_block_delta"))
+                        if e[0] in ("call", "call_done"):
+                            out.append(close(index))
+                            index += 1
                     return out
 
                 yield sse({"type": "message_start", "message": message([], (None, None), 0)}, "message_start")

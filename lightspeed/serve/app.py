@@ -207,12 +207,17 @@ def create_app(state: ServerState) -> FastAPI:
         def deltas(index: int, events: list[tuple]) -> list[dict]:
             out = []
             for e in events:
-                if e[0] == "text":
+                kind = e[0]
+                if kind == "text":
                     out.append({"content": e[1]})
-                else:
-                    k = [c[0] for c in replies[index].calls].index(e[1])  # the call's index in the reply
+                    continue
+                k = replies[index].index(e[1])
+                if kind in ("call", "call_start"):  # the first delta of a call names it
+                    args = e[3] if kind == "call" else ""
                     out.append({"tool_calls": [{"index": k, "id": e[1], "type": "function",
-                                                "function": {"name": e[2], "arguments": e[3]}}]})
+                                                "function": {"name": e[2], "arguments": args}}]})
+                elif kind == "arguments":
+                    out.append({"tool_calls": [{"index": k, "function": {"arguments": e[2]}}]})
             return out
 
         if req.stream:

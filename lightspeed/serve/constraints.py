@@ -90,16 +90,18 @@ async def tool_prompt(state: ServerState, messages: list[dict[str, Any]], plan: 
 
 
 class ToolReply:
-    """One choice's reply split into text and calls as its pieces arrive (``tools.CallParser``);
-    ``new_id()`` names each call."""
+    """One choice's reply split into text and calls as its pieces arrive (``tools.CallParser``; a forced
+    call's arguments are reported as they are written); ``new_id()`` names each call."""
 
     def __init__(self, plan: ToolPlan, new_id):
-        self.parser = CallParser(plan.names) if plan.calls else None
+        self.parser = CallParser(plan.names, stream_arguments=plan.grammar is not None) if plan.calls else None
         self.new_id = new_id
-        self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
+        self.started: list[str] = []                 # ids of the calls begun, in order
+        self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments) of the calls completed
 
     def push(self, piece: str) -> list[tuple]:
-        """Events ("text", str) and ("call", id, name, arguments) for a piece of the reply."""
+        """Events ("text", str), ("call", id, name, arguments) for a whole call, and for a streamed one
+        ("call_start", id, name), ("arguments", id, piece)..., ("call_done", id, name, arguments)."""
         if self.parser is None:
             return [("text", piece)] if piece else []
         return self._named(self.parser.push(piece))
@@ -107,15 +109,26 @@ class ToolReply:
     def flush(self) -> list[tuple]:
         return [] if self.parser is None else self._named(self.parser.flush())
 
+    def index(self, call_id: str) -> int:
+        """The call's position among the reply's calls."""
+        return self.started.index(call_id)
+
     def _named(self, events: list[tuple]) -> list[tuple]:
         out = []
         for e in events:
-            if e[0] == "call":
-                call = (self.new_id(), e[1], e[2])
-                self.calls.append(call)
-                out.append(("call", *call))
-            else:
+            kind = e[0]
+            if kind in ("call", "call_start"):
+                self.started.append(self.new_id())
+            if kind == "text":
                 out.append(e)
+            elif kind == "call_start":
+                out.append(("call_start", self.started[-1], e[1]))
+            elif kind == "arguments":
+                out.append(("arguments", self.started[-1], e[1]))
+            else:  # a whole call, or the end of a streamed one
+                call = (self.started[-1], e[1], e[2])
+                self.calls.append(call)
+                out.append((kind, *call))
         return out
 
     def finish_reason(self, reason: str) -> str:

@@ -187,18 +187,64 @@ def parse_block(block: str, names: set[str]) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
+# a call's beginning, up to the first character of its arguments (so that spaces still to come are not theirs)
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]{1,64})"\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+class _ValueEnd:
+    """Finds where a JSON object or array ends in text that arrives piece by piece (strings and escapes
+    followed, so braces inside strings do not count)."""
+
+    def __init__(self):
+        self.depth, self.in_string, self.escape, self.end = 0, False, False, None
+
+    def scan(self, text: str, start: int) -> None:
+        """Look at ``text[start:]``; ``end`` becomes the index after the value's closing bracket."""
+        for i in range(start, len(text)):
+            c = text[i]
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif c == "\\":
+                    self.escape = True
+                elif c == '"':
+                    self.in_string = False
+            elif c == '"':
+                self.in_string = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth <= 0:
+                    self.end = i + 1
+                    return
+
+
 class CallParser:
     """Splits generated text, as it arrives, into text and calls: ``push(piece)`` and ``flush()`` return
     events ``("text", str)`` and ``("call", name, arguments)``. A possible block opening is held back
-    until it is decided; whitespace next to a call, and at the end of a reply with calls, is dropped."""
+    until it is decided; whitespace next to a call, and at the end of a reply with calls, is dropped.
 
-    def __init__(self, names: set[str]):
+    With ``stream_arguments`` (for a call generated under its grammar, which is sure to be well formed)
+    a call is reported as it is written instead: ``("call_start", name)`` once its name is known, then
+    ``("arguments", piece)`` as its arguments arrive, then ``("call_done", name, arguments)``; the
+    arguments are the text the model wrote (the pieces joined)."""
+
+    def __init__(self, names: set[str], stream_arguments: bool = False):
         self.names = set(names)
+        self.stream_arguments = stream_arguments
         self.calls = 0
         self._buf = ""
         self._inside = False
         self._space = ""  # whitespace not yet sent: it goes out with the next text, unless a call comes
         self._after_call = False  # whitespace right after a call is dropped
+        self._reset_call()
+
+    def _reset_call(self) -> None:
+        self._name: str | None = None  # the call being streamed
+        self._args_at = 0              # where its arguments start in _buf
+        self._sent = 0                 # characters of them reported
+        self._value = _ValueEnd()
 
     def _text(self, text: str, out: list) -> None:
         # trailing whitespace waits in _space: a call right after it drops it, text takes it along
@@ -213,6 +259,32 @@ class CallParser:
             self._space = ""
         self._space += text[len(body):]
 
+    def _called(self) -> None:
+        self._space, self._after_call = "", True
+        self.calls += 1
+
+    def _stream(self, out: list, limit: int) -> None:
+        """Report what arrived of the streamed call's arguments, up to ``_buf[limit]`` (starting the call
+        once its name is read)."""
+        if self._name is None:
+            m = _HEADER.match(self._buf)
+            if m is None or m.group(1) not in self.names:
+                return
+            self._name, self._args_at = m.group(1), m.end()
+            out.append(("call_start", self._name))
+        if self._value.end is None:
+            self._value.scan(self._buf, self._args_at + self._sent)
+        stop = self._value.end if self._value.end is not None else limit
+        piece = self._buf[self._args_at + self._sent:stop]
+        if piece:
+            out.append(("arguments", piece))
+            self._sent += len(piece)
+
+    def _done(self, out: list) -> None:
+        args = self._buf[self._args_at:self._args_at + self._sent]
+        out.append(("call_done", self._name, args))
+        self._called()
+
     def push(self, piece: str) -> list[tuple]:
         out: list[tuple] = []
         self._buf += piece
@@ -226,22 +298,34 @@ class CallParser:
                     return out
                 self._text(self._buf[:i], out)
                 self._buf, self._inside = self._buf[i + len(OPEN):], True
+                continue
+            j = self._buf.find(CLOSE)
+            if self.stream_arguments:
+                self._stream(out, j if j >= 0 else len(self._buf))
+            if j < 0:
+                return out
+            block, rest = self._buf[:j], self._buf[j + len(CLOSE):]
+            if self._name is not None:
+                self._done(out)
             else:
-                j = self._buf.find(CLOSE)
-                if j < 0:
-                    return out
-                block, self._buf, self._inside = self._buf[:j], self._buf[j + len(CLOSE):], False
                 call = parse_block(block, self.names)
                 if call is None:
                     self._text(OPEN + block + CLOSE, out)
                 else:
-                    self._space, self._after_call = "", True
-                    self.calls += 1
+                    self._called()
                     out.append(("call", *call))
+            self._buf, self._inside = rest, False
+            self._reset_call()
 
     def flush(self) -> list[tuple]:
-        """What is left: an unfinished block or held-back text is text."""
+        """What is left: an unfinished block or held-back text is text (a streamed call that was cut ends
+        with the arguments written so far)."""
         out: list[tuple] = []
+        if self._name is not None:
+            self._stream(out, len(self._buf))
+            self._done(out)
+            self._buf, self._inside = "", False
+            self._reset_call()
         rest = (OPEN if self._inside else "") + self._buf
         self._buf, self._inside = "", False
         self._text(rest, out)
@@ -251,9 +335,9 @@ class CallParser:
         return out
 
 
-def split_calls(text: str, names: set[str]) -> tuple[str, list[tuple[str, str]]]:
+def split_calls(text: str, names: set[str], stream_arguments: bool = False) -> tuple[str, list[tuple[str, str]]]:
     """A whole reply's text (blocks removed) and its calls (name, arguments)."""
-    parser = CallParser(names)
+    parser = CallParser(names, stream_arguments)
     events = parser.push(text) + parser.flush()
     content = "".join(e[1] for e in events if e[0] == "text")
-    return content, [(e[1], e[2]) for e in events if e[0] == "call"]
+    return content, [(e[1], e[2]) for e in events if e[0] in ("call", "call_done")]
