@@ -23,7 +23,7 @@ import numpy as np
 
 from ... import symbolic as sym
 from ...kernel.fusion import KernelPlan
-from .render import GpuKernel, GpuProgram
+from .render import SMALL_ROWS, GpuKernel, GpuProgram
 
 
 class GpuDevice(Protocol):
@@ -107,9 +107,19 @@ class GpuExecutor:
             keep.append(a)
             self._upload(self._mem[id(b)], a)
         dims = [int(env[n]) for n in self._dim_names]
+        values: dict = {}  # a run evaluates each distinct work-item expression once (launch overhead)
+
+        def evaluate(e) -> int:
+            if not isinstance(e, sym.Expr):
+                return int(e)
+            got = values.get(e)
+            if got is None:
+                got = values[e] = int(sym.evaluate(e, env))
+            return got
+
         for launch in self.gpu.kernels:
-            variant = launch.launch_for(env)
-            n = int(sym.evaluate(variant.items, env))
+            variant = launch.small if launch.small is not None and evaluate(launch.rows) <= SMALL_ROWS else launch
+            n = evaluate(variant.items)
             if n <= 0:
                 continue
             block = variant.block or self.block

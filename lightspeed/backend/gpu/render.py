@@ -32,6 +32,7 @@ from ...kernel.fusion import KernelPlan
 from ...kernel.ir import dense_offset, loop_var
 from ...kernel.matmul_form import match_matmul
 from ...ops import Op
+from ..c.loop_split import hoist_invariants, split_reductions
 from .dialect import F2I, Dialect
 from .emit import Emitter
 from .gemm import render_gemm
@@ -122,6 +123,8 @@ def _ir_key(x: ir.IR, memo: dict) -> tuple:
         k = ("G", _ir_key(x.index, memo), x.var, x.rows, _ir_key(x.body, memo), x.dtype)
     elif isinstance(x, ir.Bytes):
         k = ("B", id(x.buf), x.offset, x.stored)
+    elif isinstance(x, ir.Bound):
+        k = ("N", x.name)
     else:
         raise NotImplementedError(f"GPU renderer: {type(x).__name__}")
     memo[id(x)] = k
@@ -196,6 +199,8 @@ class KernelRenderer:
             return self.gather(x)
         if isinstance(x, ir.Bytes):
             return self.bytes_value(x)
+        if isinstance(x, ir.Bound):  # a value computed before the loop that reads it (see reduce)
+            return x.name
         raise NotImplementedError(f"GPU renderer: {type(x).__name__}")
 
     def bytes_value(self, x: ir.Bytes) -> str:
@@ -330,7 +335,13 @@ class KernelRenderer:
         v = self.local_name(x.var)
         with em.block(f"for (ls_i64 {v} = 0; {v} < {size}; {v}++)"):
             em.bind(x.var, v)
-            body = self.expr(x.body)
+            inner = x.body
+            if isinstance(inner, ir.Reduce):  # blocks of a split sum: what a block shares, computed once
+                hoisted_body, hoisted = hoist_invariants(inner.body, inner.var, em.fresh("h") + "_")
+                for name, y in hoisted:
+                    em.line(f"const {compute_type(y.dtype)} {name} = {self.expr(y)};")
+                inner = ir.Reduce(inner.op, inner.var, inner.size, hoisted_body, inner.dtype)
+            body = self.expr(inner)
             if x.op is Op.SUM_REDUCE:
                 em.line(f"{acc} += {body};")
             elif float_max:  # NaN (which numpy propagates) is tracked in a flag
@@ -405,7 +416,9 @@ class KernelRenderer:
             self.scatter_body()
         else:
             off = em.sym(dense_offset(vars_, shape)) if shape else "0"
-            value = self.expr(k.value)
+            # a sum that divides its index by a constant (a quantized block's k // 32) runs as blocks of
+            # contiguous elements, the per-block values (the block's scale) computed once per block
+            value = self.expr(split_reductions(k.value, loop_var))
             em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
         return self.finish(), items, None
 
