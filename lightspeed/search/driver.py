@@ -11,6 +11,7 @@ of knob settings.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backend.c.compiler import default_flags, find_compiler
@@ -38,6 +39,14 @@ class SearchReport:
     race: RaceResult | None = None  # templates against generated kernels, measured (template_race.py)
     schedule: ScheduleResult | None = None
     seconds: float = 0.0
+    # level 2: the graph candidates (name, modelled seconds, valid: True/False/None = not needed, whether
+    # a reference run decided it)
+    # and the e-graph's saturation report (egraph.Saturation or windows.WindowedSaturation)
+    candidates: list = field(default_factory=list)
+    saturation: object = None
+    # what changed in the program: op name -> (count before, count after), for ops whose count changed
+    ops_changed: dict = field(default_factory=dict)
+    nodes: tuple = (0, 0)  # node count before and after
 
 
 def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: float | None = None, *,
@@ -68,6 +77,8 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
         g = search_graph(new, level=2, budget_s=max(budget * GRAPH_SHARE - (time.perf_counter() - t0), 0.1),
                          model=model, rulesets=("exact", "rounding") + (("lowered",) if templates else ()))
         new, report.graph = g.program, g.chosen
+        report.rewrites, report.saturation = dict(g.fired), g.saturation
+        report.candidates = [(c.name, c.cost, c.valid, c.checked) for c in g.candidates]
         if g.chosen == "e-graph" and templates:  # a new program: lower exactly what its extraction chose
             report.lowering = LoweringChoice(g.decisions, g.lower_only, getattr(g.saturation, "enodes", 0), g.seconds)
             lower_only = g.lower_only
@@ -87,8 +98,15 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
         plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only))
     remaining = budget - (time.perf_counter() - t0)
     report.schedule = tune_schedule(new, plan, level, max(remaining, 0.0), cc, flags, dims, progress=progress)
+    report.nodes, report.ops_changed = (len(program.nodes), len(new.nodes)), _ops_changed(program, new)
     report.seconds = time.perf_counter() - t0
     return plan, report.schedule.schedule(), report
+
+
+def _ops_changed(before: Program, after: Program) -> dict[str, tuple[int, int]]:
+    a = Counter(n.op.value for n in before.nodes)
+    b = Counter(n.op.value for n in after.nodes)
+    return {op: (a[op], b[op]) for op in sorted(set(a) | set(b)) if a[op] != b[op]}
 
 
 def _model():

@@ -30,6 +30,7 @@ class Candidate:
     valid: bool | None = None  # None: not checked (not needed)
     lower_only: frozenset[int] | None = None  # nodes to lower (None: every match)
     decisions: list[Decision] = field(default_factory=list)  # the e-graph's lowered alternatives
+    checked: bool = False  # whether ``valid`` came from a reference run (else: the original, or exact rules)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class GraphSearchResult:
     note: str = ""
     lower_only: frozenset[int] | None = None  # the chosen candidate's
     decisions: list[Decision] = field(default_factory=list)
+    fired: dict = field(default_factory=dict)  # rewrite rule name -> times applied (the "rewrite" candidate)
 
 
 WINDOW_SHARE = 0.25  # a program whose encoding alone takes more of the e-node limit is cut into windows
@@ -87,7 +89,8 @@ def search_graph(program: Program, level: int = 1, budget_s: float = 5.0, model:
     model = model or CostModel()
     cands = [Candidate("original", program, _cost(program, model), True)]
     note = ""
-    safe = rewrite_program(program, rules.NORMALISE + list(extra_rules or [])).program
+    rewritten = rewrite_program(program, rules.NORMALISE + list(extra_rules or []))
+    safe = rewritten.program
     # the built-in safe rules are EXACT or VALUE, each property-tested (tests/test_rewrite_rules.py): their
     # rewrite needs no reference run (a large model's takes minutes); with extra rules it is checked
     cands.append(Candidate("rewrite", safe, _cost(safe, model), None if extra_rules else True))
@@ -113,9 +116,9 @@ def search_graph(program: Program, level: int = 1, budget_s: float = 5.0, model:
         if c.cost >= chosen.cost:
             break
         if c.valid is None:
-            c.valid = validate_program(c.program, program, trials=check_trials)
+            c.valid, c.checked = validate_program(c.program, program, trials=check_trials), True
         if c.valid:
             chosen = c
             break
     return GraphSearchResult(chosen.program, chosen.name, cands, sat, time.perf_counter() - t0, note,
-                             chosen.lower_only, chosen.decisions)
+                             chosen.lower_only, chosen.decisions, dict(rewritten.fired))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 RULES_DIR = Path(__file__).with_name("rules")
@@ -43,6 +43,20 @@ class Saturation:
     enodes: int
     seconds: float
     stopped_by: str  # saturated | iterations | enodes | time
+    matches: dict = field(default_factory=dict)  # rule text -> matches applied, over all iterations
+
+
+def _count(out, matches: dict) -> bool:
+    """Add the run reports' matches per rule in ``out`` to ``matches``; whether any report updated."""
+    updated = False
+    for o in out:
+        report = getattr(o, "report", None)
+        if report is None:
+            continue
+        updated |= bool(report.updated)
+        for rule, n in (getattr(report, "num_matches_per_rule", None) or {}).items():
+            matches[rule] = matches.get(rule, 0) + int(n)
+    return updated
 
 
 def _size(eg, bindings) -> int:
@@ -71,11 +85,12 @@ def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: in
     for k in range(0, len(lines), CHUNK):
         eg.run_program(*eg.parse_program("\n".join(lines[k:k + CHUNK])))
     lowered = "lowered" in rulesets
+    matches: dict[str, int] = {}
     if lowered:
-        eg.run_program(*eg.parse_program("(run lowered 1)"))
+        _count(eg.run_program(*eg.parse_program("(run lowered 1)")), matches)
     rulesets = tuple(r for r in rulesets if r != "lowered")
     if not rulesets:
-        return eg, Saturation(int(lowered), True, _size(eg, b), time.perf_counter() - t0, "saturated")
+        return eg, Saturation(int(lowered), True, _size(eg, b), time.perf_counter() - t0, "saturated", matches)
     stopped, iterations, enodes = "iterations", 0, _size(eg, b)
     for iterations in range(1, max_iterations + 1):
         # a back-off scheduler caps each rule's matches per iteration, so one iteration cannot grow the
@@ -83,8 +98,7 @@ def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: in
         limit = max(50, (max_enodes - enodes) // (4 * RULES_PER_SET * len(rulesets)))
         runs = " ".join(f"(run-with bo {r})" for r in rulesets)
         step = eg.parse_program(f"(run-schedule (let-scheduler bo (back-off :match-limit {limit})) (seq {runs}))")
-        out = eg.run_program(*step)
-        updated = any(getattr(o, "report", None) is not None and o.report.updated for o in out)
+        updated = _count(eg.run_program(*step), matches)
         before, enodes = enodes, _size(eg, b)
         if updated and enodes == before:
             # the back-off scheduler reports an update while it holds banned rules back, also when nothing
@@ -93,8 +107,7 @@ def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: in
             room = max(limit, max_enodes - enodes)
             check = eg.parse_program(f"(run-schedule (let-scheduler chk (back-off :match-limit {room})) "
                                      f"(seq {' '.join(f'(run-with chk {r})' for r in rulesets)}))")
-            out = eg.run_program(*check)
-            updated = any(getattr(o, "report", None) is not None and o.report.updated for o in out)
+            updated = _count(eg.run_program(*check), matches)
             enodes = _size(eg, b)
         if not updated:
             stopped = "saturated"
@@ -105,7 +118,7 @@ def saturate(text: str, rulesets: tuple[str, ...] = RULESETS, max_iterations: in
         if time.perf_counter() - t0 >= time_limit_s:
             stopped = "time"
             break
-    return eg, Saturation(iterations, stopped == "saturated", enodes, time.perf_counter() - t0, stopped)
+    return eg, Saturation(iterations, stopped == "saturated", enodes, time.perf_counter() - t0, stopped, matches)
 
 
 def serialized(eg) -> dict:

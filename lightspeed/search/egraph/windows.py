@@ -41,6 +41,7 @@ class WindowedSaturation:
     seconds: float
     stopped_by: str
     runs: list = field(default_factory=list)
+    matches: dict = field(default_factory=dict)  # rule text -> matches, summed over every window of a text
 
 
 def _signature(n: Node) -> tuple:
@@ -134,9 +135,13 @@ def saturate_windows(program: Program, rulesets: tuple[str, ...], max_iterations
         merged.bool_edges += enc.bool_edges
         merged.alternatives += enc.alternatives
         merged.encoded |= enc.encoded
+    matches: dict[str, int] = {}
+    for enc in encs:  # a distinct text's matches happen (once each) in every window of that text
+        for rule, n in done[enc.text][1].matches.items():
+            matches[rule] = matches.get(rule, 0) + n
     stops = {s.stopped_by for s in runs}
     report = WindowedSaturation(len(windows), len(distinct), max((s.iterations for s in runs), default=0),
                                 all(s.saturated for s in runs), sum(s.enodes for s in runs),
                                 time.perf_counter() - t0, "saturated" if stops == {"saturated"} else
-                                ",".join(sorted(stops - {"saturated"})), runs)
+                                ",".join(sorted(stops - {"saturated"})), runs, matches)
     return union, merged, report

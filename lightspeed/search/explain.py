@@ -1,0 +1,101 @@
+"""A readable account of what a search did: ``explain(prog)`` for a program compiled with ``search=1|2``.
+
+    prog = g.compile([y], backend="c", search=2)
+    print(lightspeed.search.explain(prog))
+
+It reports the graph candidates (modelled cost, reference check), the rewrite rules that fired, the
+e-graph's saturation (windows, iterations, e-nodes, why it stopped) and its rules by matches, what changed
+in the program (node and op counts), the lowered kernels kept and dropped (by the cost model and by the
+template race) and the kernel schedules tried, with the measured time of the chosen program against the
+heuristics' program.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # (types only: the report comes from search.driver)
+    from .driver import SearchReport
+
+TOP_RULES = 8  # e-graph rules listed, by matches
+
+
+def _report(what: Any) -> "SearchReport":
+    report = getattr(getattr(what, "executor", None), "search_report", what)
+    if report is None or not hasattr(report, "level"):
+        raise ValueError("explain: pass a program compiled with search=1 or 2 (backend=\"c\"), or its "
+                         "executor.search_report; this one has no search report (compiled with search=0?)")
+    return report
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.3g} ms"
+
+
+def _check(name: str, valid, checked: bool) -> str:
+    if checked:
+        return "passed the reference check" if valid else "failed the reference check"
+    if name == "original":
+        return "(the reference)"
+    return "exact rules (no check needed)" if valid else "not checked (not needed)"
+
+
+def _graph(r) -> list[str]:
+    out = [f"graph: chosen {r.graph}"]
+    for name, cost, valid, checked in r.candidates:
+        out.append(f"  candidate {name:8s} modelled {cost * 1e3:.4g} ms  {_check(name, valid, checked)}")
+    if r.rewrites:
+        fired = ", ".join(f"{k} x{v}" for k, v in sorted(r.rewrites.items(), key=lambda kv: -kv[1]))
+        out.append(f"  rewrite rules fired: {fired}")
+    else:
+        out.append("  rewrite rules fired: none")
+    sat = r.saturation
+    if sat is not None:
+        windows = f"{sat.windows} windows ({sat.distinct} distinct), " if hasattr(sat, "windows") else ""
+        out.append(f"  e-graph: {windows}{sat.iterations} iterations, {sat.enodes} e-nodes, "
+                   f"{'saturated' if sat.saturated else 'stopped by ' + sat.stopped_by}, {sat.seconds:.2f} s")
+        top = sorted(((n, rule) for rule, n in getattr(sat, "matches", {}).items() if n), reverse=True)
+        for n, rule in top[:TOP_RULES]:
+            out.append(f"    {n:7d} matches  {' '.join(rule.split())[:100]}")
+    before, after = r.nodes
+    change = ", ".join(f"{op} {a} -> {b}" for op, (a, b) in r.ops_changed.items()) or "no op count changed"
+    if before or after:
+        out.append(f"  program: {before} -> {after} nodes; {change}")
+    return out
+
+
+def _lowered(r) -> list[str]:
+    out = []
+    low = r.lowering
+    if low is not None and low.decisions:
+        kinds: dict[str, list[int]] = {}
+        for d in low.decisions:
+            k = kinds.setdefault(d.kind, [0, 0])
+            k[0] += 1
+            k[1] += int(d.chosen)
+        out.append("lowered kernels: " + ", ".join(f"{kind} {c}/{n} chosen" for kind, (n, c) in kinds.items()))
+    if r.race is not None and r.race.times:
+        out.append(f"template race: {len(r.race.times)} raced, {len(r.race.dropped)} templates dropped for the "
+                   "generated kernel")
+    return out
+
+
+def _schedule(r) -> list[str]:
+    s = r.schedule
+    if s is None:
+        return []
+    line = (f"schedules: {s.tried} configurations tried, {s.rejected} rejected, {s.from_cache} kernels from the "
+            f"tuning cache, {len(s.choice)} kernels tuned ({s.stopped_by})")
+    out = [line]
+    if s.default_seconds is not None:
+        ratio = "" if not s.tuned_seconds else f" ({s.default_seconds / s.tuned_seconds:.2f}x)"
+        out.append(f"measured (the chosen graph): heuristic schedules {_ms(s.default_seconds)}, chosen "
+                   f"{_ms(s.tuned_seconds)}{ratio}")
+    return out
+
+
+def explain(what: Any) -> str:
+    """The report text (see the module docstring) of ``what``: a program compiled with ``search=1|2``
+    (its ``executor.search_report`` is read) or that ``SearchReport`` itself."""
+    r = _report(what)
+    head = f"search level {r.level}, budget {r.budget_s:g} s, took {r.seconds:.1f} s"
+    return "\n".join([head] + _graph(r) + _lowered(r) + _schedule(r)) + "\n"
