@@ -667,10 +667,61 @@ def floordiv(a: sint, b: sint) -> sint:
                 return add(quotient, floordiv(r2, dm[0] // g))
         if r.lo >= 0 and isinstance(b, Const) and r.lo // b.value == r.hi // b.value:
             return add(quotient, r.lo // b.value)
+        if not dm[1]:
+            reduced = _reduce_coefficients(r, dm[0])
+            if reduced is not None:  # (c*q + s) // c = q when 0 <= s < c, s the coefficients' residues
+                return add(quotient, reduced[0])
+            split = _split_by_factor(r, dm[0])
+            if split is not None:  # (g*q + s) // (g*e) = q // e when 0 <= s < g
+                g, q, _ = split
+                return add(quotient, floordiv(q, dm[0] // g))
         if quotient != 0:
             return add(quotient, floordiv(r, b))
         a = r
     return _simplest(FloorDiv(a, b, *_div_bounds(a, b)))
+
+
+def _reduce_coefficients(a: Expr, c: int) -> tuple[sint, sint] | None:
+    """(q, s) with a == c*q + s and 0 <= s < c proven, s made of each coefficient's residue modulo c (the
+    non-negative residues, else the ones nearest zero); None when neither is proven in range. A padded
+    image's row ``(kh*67 + oh) % 66`` (a view of a 66-wide buffer read 67 apart) is ``kh + oh``."""
+    terms, const = _as_sum(a)
+    if not terms or all(abs(k) < c for k in terms.values()):
+        return None
+    for balanced in (False, True):
+        q_terms, s_terms = {}, {}
+        for t, k in terms.items():
+            r = k % c
+            if balanced and 2 * r > c:
+                r -= c
+            if (k - r) // c:
+                q_terms[t] = (k - r) // c
+            if r:
+                s_terms[t] = r
+        small = _make_sum(s_terms, const % c)
+        if proven_ge(small, 0) and proven_lt(small, c):
+            return _make_sum(q_terms, const // c), small
+    return None
+
+
+def _split_by_factor(a: Expr, d: int) -> tuple[int, sint, sint] | None:
+    """(g, q, s) with a == g*q + s, g a proper divisor of ``d`` greater than 1 and 0 <= s < g proven:
+    the terms whose coefficients g divides form g*q, the rest (and the constant) s. The largest such g.
+    An unfolded convolution's flat index ``m*27 + k`` (k < 27) over 1728 is the case in point."""
+    terms, const = _as_sum(a)
+    if len(terms) < 2 and not const:
+        return None
+    best = None
+    for k in set(terms.values()):
+        g = math.gcd(abs(k), d)
+        if g <= 1 or g == d or (best is not None and g <= best[0]):
+            continue
+        big = {t: c // g for t, c in terms.items() if c % g == 0}
+        small = _make_sum({t: c for t, c in terms.items() if c % g}, const % g)
+        if not big or not (proven_ge(small, 0) and proven_lt(small, g)):
+            continue
+        best = (g, _make_sum(big, const // g), _simplest(to_expr(small)) if not isinstance(small, int) else small)
+    return best
 
 
 def _div_bounds(a: Expr, b: Expr) -> tuple[int, int]:
@@ -714,6 +765,14 @@ def mod(a: sint, b: sint) -> sint:
             return mod(a.a, b)
         if isinstance(b, Const) and a.lo >= 0 and a.lo // b.value == a.hi // b.value:
             return add(a, -(a.lo // b.value) * b.value)
+        if not dm[1]:
+            reduced = _reduce_coefficients(a, dm[0])
+            if reduced is not None:  # (c*q + s) % c = s when 0 <= s < c
+                return reduced[1]
+            split = _split_by_factor(a, dm[0])
+            if split is not None:  # (g*q + s) % (g*e) = g*(q % e) + s when 0 <= s < g
+                g, q, small = split
+                return add(mul(mod(q, dm[0] // g), g), small)
     if b.lo > 0:
         lo, hi = (0, b.hi - 1) if a.lo < 0 else (0, min(a.hi, b.hi - 1))
     elif b.hi < 0:  # floor modulo takes the divisor's sign

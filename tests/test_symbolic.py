@@ -375,3 +375,48 @@ def test_min_of_dimensions_is_its_own_bound_in_index_proofs():
                 for jj in range(kk):
                     assert (kk * ii + jj) // (kk * s * 2) == 0
     assert sym.sym_upper(k) is k and sym.sym_lower(k) is k
+
+
+@given(st.data())
+def test_a_bounded_remainder_under_a_common_factor_splits_off(data):
+    """(g*q + s) // (g*e) == q // e and (g*q + s) % (g*e) == g*(q % e) + s for 0 <= s < g: the flat
+    index of an unfolded convolution, ``m*27 + k`` with k < 27, over 27*64. Checked at every point."""
+    g = data.draw(st.integers(2, 12))
+    e = data.draw(st.integers(2, 9))
+    k1 = data.draw(st.integers(1, 4)) * g * data.draw(st.sampled_from([1, -1]))
+    c = data.draw(st.integers(0, g - 1))
+    m = sym.Var("m", 0, data.draw(st.integers(1, 40)))
+    s = sym.Var("s", 0, data.draw(st.integers(0, g - 1 - c)))
+    n = sym.Var("n", 0, 3)
+    k2 = data.draw(st.integers(0, 3)) * g
+    a = sym.add(sym.add(sym.add(sym.mul(m, k1), s), sym.mul(n, k2)), c)
+    q, r = sym.floordiv(a, g * e), sym.mod(a, g * e)
+    for mv in range(m.lo, m.hi + 1):
+        for sv in range(s.lo, s.hi + 1):
+            for nv in range(4):
+                env = {"m": mv, "s": sv, "n": nv}
+                flat = mv * k1 + sv + nv * k2 + c
+                assert sym.evaluate(q, env) == flat // (g * e), (a, q, env)
+                assert sym.evaluate(r, env) == flat % (g * e), (a, r, env)
+    if k2 == 0 and c == 0 and k1 == g:
+        assert f"//{g * e})" not in str(q), q  # the division is by e alone (or folded away)
+
+
+@given(st.data())
+def test_coefficients_reduce_modulo_the_divisor(data):
+    """(c*q + s) // c == q and % c == s when the residues s of the coefficients stay in [0, c): a padded
+    image's row ``(kh*67 + oh) % 66``. Checked at every point, with coefficients above, below and around c."""
+    c = data.draw(st.integers(2, 70))
+    xs = [sym.Var(f"x{i}", 0, data.draw(st.integers(0, 6))) for i in range(data.draw(st.integers(1, 3)))]
+    coefs = [data.draw(st.integers(-3 * c, 3 * c)) for _ in xs]
+    const = data.draw(st.integers(-2 * c, 2 * c))
+    a = const
+    for x, k in zip(xs, coefs):
+        a = sym.add(a, sym.mul(x, k))
+    q, r = sym.floordiv(a, c), sym.mod(a, c)
+    import itertools
+    for point in itertools.product(*[range(x.lo, x.hi + 1) for x in xs]):
+        env = {x.name: v for x, v in zip(xs, point)}
+        flat = const + sum(k * v for k, v in zip(coefs, point))
+        assert sym.evaluate(q, env) == flat // c, (a, q, env)
+        assert sym.evaluate(r, env) == flat % c, (a, r, env)

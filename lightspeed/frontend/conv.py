@@ -104,17 +104,18 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
     t = t.reshape((n, groups, cg) + t.shape[2:])                   # [N, G, Cg, *spatial]
     for d in range(nd):                                           # each spatial axis -> [out_d, k_d]
         t = unfold(t, 3 + 2 * d, ks[d], stride[d], dilation[d])
-    # t: [N, G, Cg, o1, k1, (o2, k2)] -> [N, G, o1, (o2), Cg, k1, (k2)]
+    # t: [N, G, Cg, o1, k1, (o2, k2)] -> [N, G, Cg, k1, (k2), o1, (o2)]
     outs = [3 + 2 * d for d in range(nd)]
     kers = [4 + 2 * d for d in range(nd)]
-    t = t.permute([0, 1] + outs + [2] + kers)
-    out_sizes = tuple(t.shape[2:2 + nd])
+    t = t.permute([0, 1, 2] + kers + outs)
+    out_sizes = tuple(t.shape[3 + nd:])
     red = int(cg) * _prod(ks)
-    cols = t.reshape((n, groups, sym.prod(out_sizes), red))
-    w = weight.reshape((groups, og, red)).transpose(-1, -2)       # [G, Cg*K, Og]
-    y = matmul(cols, w)                                            # [N, G, P, Og]
-    y = y.reshape((n, groups) + out_sizes + (og,))
-    y = y.permute([0, 1, 2 + nd] + [2 + d for d in range(nd)]).reshape((n, o) + out_sizes)
+    cols = t.reshape((n, groups, red, sym.prod(out_sizes)))
+    # weights [Og, Cg*K] times the windows [Cg*K, P]: the output positions are the matmul's columns, so the
+    # result is already [N, O, *spatial] (no transpose) and its long axis is the one a micro-kernel vectorises
+    w = weight.reshape((1, groups, og, red))
+    y = matmul(w, cols)                                            # [N, G, Og, P]
+    y = y.reshape((n, o) + out_sizes)
     if bias is not None:
         y = y + bias.reshape((o,) + (1,) * nd)
     return y.squeeze(0) if unbatched else y
