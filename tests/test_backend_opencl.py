@@ -141,6 +141,32 @@ def test_gemm_tiles_match_reference() -> None:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"output {k}, seq={n}")
 
 
+def test_gemm_register_blocks_and_few_rows_match_reference() -> None:
+    """Tiles of 64 x 64 with 4 x 4 outputs per work item across several tiles of m and n, a depth that is not
+    a multiple of the panel's 16, a quantized-looking operand (int8 times a per-row scale), and the
+    few-rows form (at most 8 rows: a loop or a work group per output, chosen at launch)."""
+    import lightspeed as ls
+    seq = ls.dim("seq", 1, 200)
+    g = ls.Graph()
+    x = g.input("x", (seq, 150))
+    w = g.input("w", (130, 150))
+    q = g.input("q", (130, 150), ls.int8)
+    s = g.input("s", (130, 1))
+    outs = [x @ w.T, x @ (q.cast(ls.float32) * s).T]
+    prog = g.compile(outs, backend=BACKEND)
+    gemms = [k for k in prog.executor.gpu.kernels if k.small is not None]
+    assert len(gemms) == 2 and all(k.block == 256 for k in gemms)
+    ref = g.compile(outs, backend="reference")
+    rng = np.random.default_rng(1)
+    for n in (1, 8, 9, 64, 65, 200):
+        arrays = dict(x=rng.standard_normal((n, 150)).astype(np.float32),
+                      w=rng.standard_normal((130, 150)).astype(np.float32),
+                      q=rng.integers(-128, 128, (130, 150)).astype(np.int8),
+                      s=rng.uniform(0.01, 0.02, (130, 1)).astype(np.float32))
+        for k, (got, want) in enumerate(zip(prog(**arrays), ref(**arrays))):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"output {k}, seq={n}")
+
+
 # long reductions: a work group per output splitting the reduced axis (backend/gpu/reduce.py) --------------
 def test_row_reductions_match_reference() -> None:
     import lightspeed as ls
