@@ -3,8 +3,9 @@
 The C side is the default C build (quantized-matmul templates, float activations: exact float decode of
 the Q4_1 weights); the OpenCL side is the generated GPU kernels on PoCL (backend/gpu.form_plan). The two
 sum in different orders, so logits agree within rounding and the argmax tokens must be equal. 32 tokens are
-generated after a short prompt: a 6-token prefill (the row form of the gemm kernels, few rows) and 31
-one-token decode steps. Skips, with the reason printed, without an OpenCL device or the model package.
+generated after a short prompt: a 6-token prefill and 31 one-token decode steps (both through the
+few-rows form of the gemm kernels). Skips, with the reason printed, without an OpenCL device or the model
+package.
 """
 from __future__ import annotations
 
