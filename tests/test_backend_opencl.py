@@ -167,6 +167,33 @@ def test_gemm_register_blocks_and_few_rows_match_reference() -> None:
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"output {k}, seq={n}")
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("small_form", ["rows", "loop"])
+def test_quantized_matvec_forms_match_reference(qtype: str, small_form: str) -> None:
+    """A product with a quantized weight at few rows, in both few-rows forms: "rows" (a GPU device's default:
+    a work group per output, each work item taking whole blocks of 32 with the block's scale decoded once)
+    and "loop" (a CPU device's: a work item per output, blocks of contiguous elements)."""
+    import lightspeed as ls
+    from lightspeed.quant import dequant_matrix_graph, dequantize, quantize
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((72, 320)).astype(np.float32)
+    raw = quantize(w, qtype)
+    seq = ls.dim("seq", 1, 16)
+    g = ls.Graph()
+    x = g.input("x", (seq, 320))
+    y = x @ dequant_matrix_graph(g.constant(raw, ls.uint8), qtype).T
+    prog = g.compile([y], backend=BACKEND, small_form=small_form)
+    if small_form == "rows":
+        (gemm,) = [k for k in prog.executor.gpu.kernels if k.small is not None]
+        text = prog.executor.gpu.functions[gemm.small.function]
+        assert "const float h" in text and "kr1_hi" in text  # by blocks, the block's scale hoisted
+    wd = dequantize(raw, qtype, w.shape).astype(np.float64)
+    for n in (1, 3, 8, 12):
+        xa = rng.standard_normal((n, 320)).astype(np.float32)
+        (got,) = prog(x=xa)
+        np.testing.assert_allclose(got, xa.astype(np.float64) @ wd.T, rtol=1e-4, atol=1e-4, err_msg=f"seq={n}")
+
+
 # long reductions: a work group per output splitting the reduced axis (backend/gpu/reduce.py) --------------
 def test_row_reductions_match_reference() -> None:
     import lightspeed as ls

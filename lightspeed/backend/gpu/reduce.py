@@ -4,7 +4,9 @@ A kernel whose value holds one reduction over at least ``MIN_SIZE`` elements (up
 max or dot product with few outputs, such as a decode step's norms and matvecs, maybe under an epilogue
 like ``rsqrt(mean(x * x) + eps)`` — gives each output a work group of ``GROUP`` work items: item ``i``
 accumulates elements ``i, i + GROUP, ...`` in order, then the partial results are combined by a tree in
-local (shared) memory and the first item computes the epilogue and stores. Float sums
+local (shared) memory and the first item computes the epilogue and stores. A sum that divides its index
+by a constant (a quantized row's blocks of 32) runs by blocks instead: item ``i`` takes blocks ``i, i +
+GROUP, ...``, decodes the block's scale once and runs over the block's elements. Float sums
 therefore add in another order than the plain loop (within rounding); integer sums (wrapping) and max
 (with its NaN flag) give the same bits.
 """
@@ -12,8 +14,9 @@ from __future__ import annotations
 
 from ... import symbolic as sym
 from ...kernel import ir
-from ...kernel.ir import dense_offset
+from ...kernel.ir import dense_offset, loop_var
 from ...ops import Op
+from ..c.loop_split import hoist_invariants, split_reduction
 
 GROUP = 64  # work items per output (a power of two: the tree halves it)
 MIN_SIZE = 128  # reductions shorter than this keep one work item per output
@@ -66,6 +69,37 @@ def render_row_reduction(r, red: ir.Reduce) -> tuple[str, sym.sint, int]:
     em.line(f"{acc_t} acc = {r.reduce_init(red)};")
     if float_max:
         em.line("int nan = 0;")
+    blocks = split_reduction(red, loop_var)
+    if blocks is not None:
+        _blocked_sum(r, blocks, compute_type)
+    else:
+        _strided_loop(r, red, size, acc_t, float_max)
+    _combine(r, k, red, vars_, shape, acc_t, float_max, compute_type)
+    outputs = sym.prod(shape) if shape else 1
+    return r.finish(), sym.mul(outputs, GROUP), GROUP
+
+
+def _blocked_sum(r, blocks: ir.Reduce, compute_type) -> None:
+    """``acc`` of a sum split into blocks (a quantized row's blocks of 32: ``blocks`` sums over blocks a sum
+    over a block's contiguous elements): work item ``lid`` takes blocks ``lid, lid + GROUP, ...``, computes
+    what the block's elements share (its scale) once, then runs over the block's elements. Fewer
+    instructions per weight byte than a work item per element, where the scale is decoded every time."""
+    em, inner = r.em, blocks.body
+    hv = r.local_name(blocks.var)
+    with em.block(f"for (ls_i64 {hv} = lid; {hv} < {em.sym(blocks.size)}; {hv} += {GROUP})"):
+        em.bind(blocks.var, hv)
+        body, hoisted = hoist_invariants(inner.body, inner.var, em.fresh("h") + "_")
+        for name, y in hoisted:
+            em.line(f"const {compute_type(y.dtype)} {name} = {r.expr(y)};")
+        lv = r.local_name(inner.var)
+        with em.block(f"for (ls_i64 {lv} = 0; {lv} < {em.sym(inner.size)}; {lv}++)"):
+            em.bind(inner.var, lv)
+            em.line(f"acc += {r.expr(body)};")
+
+
+def _strided_loop(r, red: ir.Reduce, size: str, acc_t: str, float_max: bool) -> None:
+    """``acc`` of work item ``lid``: elements ``lid, lid + GROUP, ...`` of the reduction, in order."""
+    em = r.em
     v = r.local_name(red.var)
     with em.block(f"for (ls_i64 {v} = lid; {v} < {size}; {v} += {GROUP})"):
         em.bind(red.var, v)
@@ -76,6 +110,11 @@ def render_row_reduction(r, red: ir.Reduce) -> tuple[str, sym.sint, int]:
             em.line(f"nan |= {body} != {body}; acc = {body} > acc ? {body} : acc;")
         else:
             em.line(f"acc = ({acc_t}){body} > acc ? ({acc_t}){body} : acc;")
+
+
+def _combine(r, k: ir.Kernel, red: ir.Reduce, vars_, shape, acc_t: str, float_max: bool, compute_type) -> None:
+    """The tree over the work items' partial results, then the first item's epilogue and store."""
+    em = r.em
     em.line("part[lid] = acc;" + (" part_nan[lid] = nan;" if float_max else ""))
     em.line("LS_BARRIER;")
     with em.block(f"for (ls_i64 s = {GROUP // 2}; s > 0; s >>= 1)"):
@@ -93,5 +132,3 @@ def render_row_reduction(r, red: ir.Reduce) -> tuple[str, sym.sint, int]:
         r.define(red, "reduced")  # the epilogue reads the combined value in place of the reduction
         off = em.sym(dense_offset(vars_, shape)) if shape else "0"
         em.line(f"{r.buf(k.out)}[{off}] = {r.store_value(k.out.dtype, r.expr(k.value))};")
-    outputs = sym.prod(shape) if shape else 1
-    return r.finish(), sym.mul(outputs, GROUP), GROUP
