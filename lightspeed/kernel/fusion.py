@@ -365,7 +365,7 @@ class Former:
             kernels.extend(self._kernels_for(n, buf))
             self.buffers[n.id] = buf
         for kern in kernels:
-            kern.reads = _reads(kern)
+            kern.reads = kernel_reads(kern)
         # drop kernels nothing reads (e.g. pieces of a weight decode that a lowered kernel replaced)
         needed = {id(b) for b in out_bufs.values()}
         kept: list[ir.Kernel] = []
@@ -439,10 +439,10 @@ def _nbytes(n: Node) -> int:
     return max(sym.upper_bound(sym.prod(n.shape)), 1) * n.dtype.itemsize
 
 
-def _reads(kern: ir.Kernel) -> list[ir.Buffer]:
+def kernel_reads(kern: ir.Kernel) -> list[ir.Buffer]:
+    """The buffers ``kern`` reads, in order of first use."""
     out: list[ir.Buffer] = list(kern.template_reads)
-    roots = [kern.value] + ([kern.scatter_index] if kern.scatter_index is not None else [])
-    for root in roots:
+    for root in kern.roots():
         for x in root.walk():
             if isinstance(x, (ir.Load, ir.Bytes)) and x.buf not in out:
                 out.append(x.buf)

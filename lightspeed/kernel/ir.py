@@ -6,7 +6,7 @@ variables are ``symbolic.Var`` objects, so offsets stay symbolic until rendering
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from .. import dtypes as dt
@@ -161,9 +161,17 @@ class Kernel:
     template_reads: list[Buffer] = field(default_factory=list)
     scratch: list[Buffer] = field(default_factory=list)  # arena space the kernel uses only while it runs
     schedule: Any = None  # a schedule.Schedule
+    # "gemm" only: an elementwise function of the product applied where it is stored (a bias, an activation, a
+    # batch norm): ``value``'s result is first stored in ``out``, then ``epilogue`` (which reads ``out`` at
+    # the kernel's own index) is stored over it (kernel/epilogue.py)
+    epilogue: IR | None = None
 
     def cost(self) -> int:
         return sum(1 for _ in self.value.walk())
+
+    def roots(self) -> list[IR]:
+        """The IR trees the kernel evaluates (value, scatter index, epilogue)."""
+        return [x for x in (self.value, self.scatter_index, self.epilogue) if x is not None]
 
 
 def ir_vars(x: IR) -> set[Var]:
@@ -211,3 +219,31 @@ def coefficient(expr: sint, var: sym.Var) -> int | None:
                 return k
         return 0 if var not in e.vars() else None
     return 0 if var not in e.vars() else None
+
+
+def substitute(x: IR, mapping: dict, memo: dict | None = None) -> IR:
+    """``x`` with every index expression substituted (``mapping``: variable -> expression); shared operands
+    stay shared. Reductions (which bind variables of their own) are not handled: TypeError."""
+    memo = {} if memo is None else memo
+    if id(x) in memo:
+        return memo[id(x)]
+    if isinstance(x, (Load, Bytes)):
+        y = replace(x, offset=sym.to_expr(x.offset).substitute(mapping))
+    elif isinstance(x, Index):
+        y = replace(x, expr=sym.to_expr(x.expr).substitute(mapping))
+    elif isinstance(x, Alu):
+        y = replace(x, args=tuple(substitute(a, mapping, memo) for a in x.args))
+    elif isinstance(x, Cast):
+        y = replace(x, arg=substitute(x.arg, mapping, memo))
+    elif isinstance(x, Select):
+        y = replace(x, valid=sym.to_expr(x.valid).substitute(mapping), value=substitute(x.value, mapping, memo))
+    elif isinstance(x, (Const, Bound)):
+        y = x
+    elif isinstance(x, Gather) and x.var not in mapping:
+        y = replace(x, index=substitute(x.index, mapping, memo), rows=sym.to_expr(x.rows).substitute(mapping),
+                    body=substitute(x.body, mapping, memo))
+    else:
+        raise TypeError(f"ir.substitute: {type(x).__name__} is not handled")
+    memo[id(x)] = y
+    return y
+

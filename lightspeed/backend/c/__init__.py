@@ -12,14 +12,13 @@ import numpy as np
 from ... import memory
 from ... import symbolic as sym
 from ...graph import Program
-from ...kernel import form_kernels
 from ...kernel.quantized import activation_mode
 from .. import register_backend
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
 from .render import render_plan
-from .scheduling import assign_schedules
+from .scheduling import form_c_plan
 
 _FFI = cffi.FFI()
 _FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];")
@@ -127,7 +126,7 @@ class CBackend:
                             gemm=gemm, byte_loads=True)
         cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None,
                              profile=profile, portable=portable)
-        self.plan = cached.plan or assign_schedules(form_kernels(program, **form_options), choose=schedules)
+        self.plan = cached.plan or form_c_plan(program, form_options, choose=schedules)
         self.profile = profile
         schedule, self.search_report = None, None
         if search:  # --- search hook (lightspeed/search): graph rewrites, then measured kernel schedules

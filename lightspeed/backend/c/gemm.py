@@ -189,11 +189,13 @@ def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
 
 
 def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tuple[str, str], dense: sym.sint,
-                grain: int) -> tuple[str, str]:
+                grain: int, epilogue_pass: tuple[str, str] | None = None) -> tuple[str, str]:
     """(function text, launch text) of gemm kernel ``k`` under ``schedule``; ``small`` is the kernel's plain
     loop form (function, launch) with ``KFN`` names, run when the call has few rows. ``r`` is the
     KernelRenderer (expression rendering, buffer and variable names); ``dense`` the output's offset over
-    the loop variables; ``grain`` the work below which the call runs on the calling thread."""
+    the loop variables; ``grain`` the work below which the call runs on the calling thread. A kernel with an
+    epilogue applies it to each finished block; ``epilogue_pass`` (a loop form over the whole output, with
+    ``KFN`` names) applies it after the few-rows form."""
     z = gemm_sizes(schedule)
     MC, NC, KC, MR, NR, W, U = (z[x] for x in ("MC", "NC", "KC", "MR", "NR", "W", "U"))
     vars_, shape = list(k.loop_vars), list(k.shape)
@@ -237,9 +239,22 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
               f"                for (int64_t ir = 0; ir < mc; ir += {MR})",
               f"                    {ukr}(kc, ap + ir * kc, bp + jr * kc, cb + (i0 + ir) * ldc + j0 + jr, ldc, "
               f"ls_min({MR}, mc - ir), ls_min({NR}, nc - jr), k0 == 0, tile);",
-              "        }",
-              "    }", "}"]
+              "        }"]
+    if k.epilogue is not None:  # the block is complete and in cache: apply the epilogue over it
+        m, n = r.var(mvar), r.var(nvar)
+        lines += ["        for (int64_t ii = 0; ii < mc; ii++) {",
+                  f"            const int64_t {m} = i0 + ii;",
+                  '            _Pragma("omp simd")',
+                  "            for (int64_t jj = 0; jj < nc; jj++) {",
+                  f"                const int64_t {n} = j0 + jj;",
+                  f"                {r.buf(k.out)}[{r.idx(dense)}] = {r.expr(k.epilogue)};",
+                  "            }", "        }"]
+    lines += ["    }", "}"]
     small_fn, small_call = small
+    if epilogue_pass is not None:  # the few-rows form stores the product; a loop then applies the epilogue
+        epi_fn, epi_call = epilogue_pass
+        small_fn += "\n\n" + epi_fn.replace("KFN", "KFN_epi")
+        small_call = small_call + "\n" + epi_call.replace("KFN", "KFN_epi")
     work = "M * N * K"
     call = (f"    {{ const int64_t M = {M}, N = {N}, K = {K};\n"
             f"      if (M * 2 < {MR} || K == 0) {{\n{small_call.replace('KFN', 'KFN_small')}\n      }} else {{\n"

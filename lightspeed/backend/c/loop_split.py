@@ -19,35 +19,10 @@ from dataclasses import dataclass, replace
 
 from ... import symbolic as sym
 from ...kernel import ir
+from ...kernel.ir import substitute
 from ...ops import Op
 
 MIN_INNER = 8  # a divisor at least this large becomes the inner (vectorised) loop; smaller ones are unrolled
-
-
-def substitute(x: ir.IR, mapping: dict, memo: dict | None = None) -> ir.IR:
-    """``x`` with every index expression substituted; shared operands stay shared."""
-    memo = {} if memo is None else memo
-    if id(x) in memo:
-        return memo[id(x)]
-    if isinstance(x, (ir.Load, ir.Bytes)):
-        y = replace(x, offset=sym.to_expr(x.offset).substitute(mapping))
-    elif isinstance(x, ir.Index):
-        y = replace(x, expr=sym.to_expr(x.expr).substitute(mapping))
-    elif isinstance(x, ir.Alu):
-        y = replace(x, args=tuple(substitute(a, mapping, memo) for a in x.args))
-    elif isinstance(x, ir.Cast):
-        y = replace(x, arg=substitute(x.arg, mapping, memo))
-    elif isinstance(x, ir.Select):
-        y = replace(x, valid=sym.to_expr(x.valid).substitute(mapping), value=substitute(x.value, mapping, memo))
-    elif isinstance(x, (ir.Const, ir.Bound)):
-        y = x
-    elif isinstance(x, ir.Gather) and x.var not in mapping:
-        y = replace(x, index=substitute(x.index, mapping, memo), rows=sym.to_expr(x.rows).substitute(mapping),
-                    body=substitute(x.body, mapping, memo))
-    else:  # reductions bind variables of their own: not split (see split_inner)
-        raise TypeError(f"loop_split.substitute: {type(x).__name__} is not handled")
-    memo[id(x)] = y
-    return y
 
 
 def _index_exprs(x: ir.IR) -> list[sym.Expr]:

@@ -47,8 +47,8 @@ from typing import Any
 from ... import dtypes as dt
 from ... import symbolic as sym
 from ...graph import ArrayConst, Node, Program
-from ...kernel import Buffer, KernelPlan, form_kernels
-from .scheduling import assign_schedules
+from ...kernel import Buffer, KernelPlan
+from .scheduling import form_c_plan
 from ...ops import Op
 from ...shape import ShapeTracker
 from . import cache_files
@@ -257,7 +257,7 @@ class CachedPlan:
     def full(self) -> KernelPlan:
         """The kernel plan formed from the program (same slots and arena as this table)."""
         if self._full is None:  # with the default schedules, which the cached source was rendered under
-            self._full = assign_schedules(form_kernels(self._program, **self._form_options))
+            self._full = form_c_plan(self._program, self._form_options)
         return self._full
 
     @property

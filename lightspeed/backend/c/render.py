@@ -366,8 +366,12 @@ class KernelRenderer:
             if form is None:
                 raise ValueError(f"kernel {k.name}: kind 'gemm' but its value is not matmul-like")
             small = self.few_rows(k, form, "tiled")
+            epilogue_pass = None
+            if k.epilogue is not None:  # in place over the output: reads each element, then stores it
+                epilogue_pass = self.loop_kernel(dataclasses.replace(k, value=k.epilogue, kind="loop",
+                                                                     epilogue=None), "loop")
             return render_gemm(self, k, k.schedule or gemm_schedule(self.target), form, small,
-                               dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
+                               dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN, epilogue_pass)
         if k.kind == "loop":
             form = match_matmul(k.value, k.loop_vars)  # a matmul too small for a gemm kernel (a matvec)
             if form is not None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ...graph import Program
 from ...kernel import ir
-from ...kernel.fusion import KernelPlan
+from ...kernel.epilogue import fuse_epilogues
+from ...kernel.fusion import KernelPlan, form_kernels
 from ... import symbolic as sym
 from ...kernel.heuristics import Target, gemm_schedule
 from ...kernel.matmul_form import match_matmul
@@ -39,3 +41,10 @@ def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: Sch
                 raise type(e)(f"kernel {k.name}: {e}") from None
         k.schedule = chosen or k.schedule or default
     return plan
+
+
+def form_c_plan(program: Program, form_options: dict, choose: ScheduleChoice | None = None) -> KernelPlan:
+    """The C backend's plan of ``program``: kernels formed with ``form_options``, elementwise readers of
+    matmuls folded in as epilogues, schedules assigned."""
+    return assign_schedules(fuse_epilogues(form_kernels(program, **form_options)), choose=choose)
+
