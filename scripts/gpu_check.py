@@ -272,6 +272,8 @@ def llama8b(budget: float, dry: bool, arch: str, report: Report, backend: str = 
             logits = run.run([token], pos + 1 + k)
             token = int(np.argmax(logits[-1]))
         out[f"decode_tokens_per_s_at_{pos}"] = DECODE_TOKENS / (time.perf_counter() - t0)
+        out["decode_replays_a_recording"] = run.graph is not None  # a CUDA graph (backend/gpu/graph.py)
+        out["recording_error"] = run.graph_error
         report.write()
     bw = report.data["sections"].get("bandwidth", {}).get("best_gb_per_s")
     if bw:

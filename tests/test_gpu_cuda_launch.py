@@ -56,10 +56,24 @@ class FakeDevice:
 
     def launch(self, fn, blocks: int, threads: int, args: np.ndarray) -> None:
         values = [ctypes.c_uint64.from_address(int(a)).value for a in args]
-        self.launches.append((fn, blocks, threads, values))
+        (self.captured if self.captured is not None else self.launches).append((fn, blocks, threads, values))
 
     def synchronize(self) -> None:
         pass
+
+    captured: list | None = None
+    replays = 0
+
+    def begin_capture(self) -> None:
+        self.captured = []
+
+    def end_capture(self):
+        recording, self.captured = self.captured, None
+        return recording, "graph"
+
+    def graph_launch(self, recording) -> None:
+        self.replays += 1
+        self.launches.extend(recording[0])
 
 
 def test_launches_arguments_and_memory(monkeypatch) -> None:
@@ -109,3 +123,28 @@ def test_few_rows_take_the_row_form(monkeypatch) -> None:
         dev.launches.clear()
         prog(x=np.ones((rows, 256), np.float32), w=np.ones((96, 256), np.float32))
         assert function in [f for f, *_ in dev.launches], rows
+
+
+def test_decode_steps_replay_one_recording(monkeypatch, tmp_path) -> None:
+    """ResidentLM on CUDA: the one-token step is recorded once (its kernels compiled with the dimensions in
+    memory: NVRTC compiles that program too) and replayed per step; every recorded launch's last argument
+    is the dimension buffer, which holds the step's position and length when it replays."""
+    import lightspeed.backend.cuda as cuda_backend
+    from tiny_gguf import write_tiny_llama
+    from lightspeed.backend.gpu.resident import ResidentLM
+    from lightspeed.models import load_model
+    monkeypatch.setattr(cuda_backend, "Device", FakeDevice)
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, seed=2)
+    run = ResidentLM(load_model(path).compile(32, max_chunk=8, backend="cuda", kv_update="scatter"))
+    dev = run.executor.device.device
+    run.run([1, 2, 3], 0)
+    assert dev.replays == 0 and run.graph is None  # a prompt: launched directly
+    for k in range(3):
+        run.run([4 + k], 3 + k)
+        assert run.graph is not None, run.graph_error
+        assert dev.replays == k + 1
+        params = np.frombuffer(bytes(dev.memory[run.graph.params][:16]), np.int64)
+        assert params.tolist() == [3 + k, 1]  # plan.dims: pos, seq
+    recorded = run.graph.recording[0]
+    assert recorded and all(values[-1] == run.graph.params for _, _, _, values in recorded)

@@ -53,7 +53,9 @@ def test_resident_kv_cache_decode_uploads_only_token_ids(tmp_path) -> None:
     for _ in range(6):
         before, count = ex.uploaded_bytes, ex.uploads
         got = resident.run([token], pos)
-        assert (ex.uploads - count, ex.uploaded_bytes - before) == (1, 4)  # one int32 token id
+        assert resident.graph is not None, resident.graph_error  # one-token steps replay a recording
+        # one int32 token id, and the recording's dimension values (pos, seq: two int64)
+        assert (ex.uploads - count, ex.uploaded_bytes - before) == (2, 4 + 16)
         want, caches = portable.run([token], pos, caches)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"logits at position {pos}")
         token, pos = int(np.argmax(want[-1])), pos + 1
@@ -90,3 +92,23 @@ def test_bench_backend_opencl_reports_bandwidth_and_percent(tmp_path, capsys) ->
     assert r["backend"] == "opencl" and r["bandwidth_gb_per_s"] > 0 and r["bandwidth"]["passes"] == 2
     assert r["decode_tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0
     assert r["percent_of_limit"] == pytest.approx(100 * r["decode_tokens_per_s"] / r["limit_tokens_per_s"])
+
+
+def test_recorded_decode_equals_direct_launches(tmp_path) -> None:
+    """One-token steps replayed from a recording (kernels reading their dimensions from a device buffer,
+    grids at the upper bound over the position) give the bits of the kernels launched one by one."""
+    from tiny_gguf import write_tiny_llama
+    from lightspeed.backend.gpu.resident import ResidentLM
+    from lightspeed.models import load_model
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path, seed=6)
+    lm = load_model(path)
+    runs = [ResidentLM(lm.compile(32, max_chunk=8, backend="opencl", kv_update="scatter"), graphs=g)
+            for g in (True, False)]
+    prompt = [3, 1, 4, 1, 5, 9]
+    for r in runs:
+        r.run(prompt, 0)
+    for k, token in enumerate([2, 6, 5, 3, 5, 8, 9, 7]):  # positions 6..13: attention over more keys each step
+        recorded, direct = (r.run([token], len(prompt) + k) for r in runs)
+        np.testing.assert_array_equal(recorded, direct, err_msg=f"position {len(prompt) + k}")
+    assert runs[0].graph is not None and runs[1].graph is None

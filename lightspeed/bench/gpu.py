@@ -60,7 +60,8 @@ def run_gpu_bench(backend: str, model: str | None, prompt_tokens: int, decode_to
         "bandwidth_gb_per_s": probe.best_gb_per_s,
         "decode_tokens_per_s": statistics.median(decode), "decode_tokens_per_s_best": max(decode),
         "prefill_tokens_per_s": statistics.median(prefill), "prefill_tokens_per_s_best": max(prefill),
-        "weight_bytes_per_token": per_token, "kv_cache": "on the device (kv_update=scatter)"}
+        "weight_bytes_per_token": per_token, "kv_cache": "on the device (kv_update=scatter)",
+        "decode_replays_a_recording": step.graph is not None, "recording_error": step.graph_error}
     if per_token:
         limit = probe.best_gb_per_s * 1e9 / per_token
         report.update(limit_tokens_per_s=limit, percent_of_limit=100 * report["decode_tokens_per_s"] / limit)

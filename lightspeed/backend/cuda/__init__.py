@@ -5,8 +5,9 @@ Compiling needs only the NVRTC wheel (no GPU, no driver), so ``g.compile(..., ba
 any machine and ``compile_cubins`` checks every kernel of a program; running needs a driver and a device,
 and without them raises ``CudaUnavailableError`` saying which is missing. Device memory as in the OpenCL
 backend: weights uploaded once, one allocation per input and output (upper-bound sizes), one arena for
-temporaries, donated inputs that can stay on the device; kernels are launched in plan order on one stream.
-Not built yet: CUDA graphs, tensor cores, quantized matvec kernels of their own.
+temporaries, donated inputs that can stay on the device; kernels are launched in plan order on one stream,
+or replayed from a CUDA graph (gpu/graph.py: ResidentLM's one-token steps). Not built yet: tensor cores,
+quantized matvec kernels of their own.
 """
 from __future__ import annotations
 
@@ -86,9 +87,13 @@ class CudaBackend(GpuExecutor):
         if found is not None:
             super().__init__(plan, gpu, CudaDevice(found, self.cubin), int(block or CUDA.block))
 
-    def run(self, inputs, env, out=None, resident=(), fetch=None):
+    def graph_device(self, source: str) -> CudaDevice:
+        """The device of a parameters-in-memory program (graph.py): its own cubin, the same memory."""
+        return self.device.sibling(compile_cubin(source, self.arch, name="lightspeed_graph.cu"))
+
+    def run(self, inputs, env, out=None, resident=(), fetch=None, launch=None):
         if not self._ready:
             raise CudaUnavailableError(f"backend 'cuda' compiled this program ({len(self.gpu.functions)} kernels, "
                                        f"{self.arch} cubin) but cannot run it: {self.device_error}")
         self.device.device.current()
-        return super().run(inputs, env, out=out, resident=resident, fetch=fetch)
+        return super().run(inputs, env, out=out, resident=resident, fetch=fetch, launch=launch)

@@ -106,3 +106,16 @@ class Device:
 
     def synchronize(self) -> None:
         check(self.cu, self.cu.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def begin_capture(self) -> None:
+        """Record the stream's work from here as a CUDA graph (stream capture)."""
+        mode = self.cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(self.cu, self.cu.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture")
+
+    def end_capture(self):
+        """The captured graph, instantiated (a CUgraphExec, with its graph kept alive beside it)."""
+        graph = check(self.cu, self.cu.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        return check(self.cu, self.cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate"), graph
+
+    def graph_launch(self, recording) -> None:
+        check(self.cu, self.cu.cuGraphLaunch(recording[0], self.stream), "cuGraphLaunch")

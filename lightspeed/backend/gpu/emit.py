@@ -20,8 +20,9 @@ INLINE_MAX = 40  # an index expression whose text is longer than this is named (
 class Emitter:
     """Lines of a kernel body, a stack of scopes and fresh local names."""
 
-    def __init__(self, dialect: Dialect, dims: list[sym.Var], indent: int = 1):
+    def __init__(self, dialect: Dialect, dims: list[sym.Var], indent: int = 1, names: str = ""):
         self.dialect = dialect
+        self.names = names  # a prefix of every fresh name (two emitters of one function never collide)
         self.dims = {v: f"D_{v.name}" for v in dims}
         self.lines: list[str] = []
         self.depth = indent
@@ -34,7 +35,7 @@ class Emitter:
 
     def fresh(self, prefix: str) -> str:
         self.count += 1
-        return f"{prefix}{self.count}"
+        return f"{self.names}{prefix}{self.count}"
 
     def lookup(self, key):
         for scope in reversed(self.scopes):

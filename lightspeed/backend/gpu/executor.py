@@ -17,7 +17,7 @@ A backend supplies a ``GpuDevice`` (device memory, its kernels, launches); ``Gpu
 """
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -38,15 +38,26 @@ class GpuDevice(Protocol):
     def download(self, a: np.ndarray, src: Any) -> None:
         """Copy the first ``a.nbytes`` of ``src`` into ``a``; may be asynchronous until ``synchronize``."""
 
-    def prepare(self, function: str, buffers: Sequence[tuple[Any, int]], n_scalars: int) -> Any:
-        """A launchable kernel ``function`` bound to its (buffer, byte offset) arguments, taking
-        ``n_scalars`` 64-bit integers after them (the work items, then the program's dimensions)."""
+    def prepare(self, function: str, buffers: Sequence[tuple[Any, int]], n_scalars: int,
+                pointers: Sequence[Any] = ()) -> Any:
+        """A launchable kernel ``function`` bound to its (buffer, byte offset) arguments and then to the
+        plain buffer arguments ``pointers``, taking ``n_scalars`` 64-bit integers after them (the work
+        items, then the program's dimensions)."""
 
     def launch(self, kernel: Any, scalars: Sequence[int], groups: int, block: int) -> None:
         """Launch a prepared kernel on ``groups`` work groups of ``block`` work items."""
 
     def synchronize(self) -> None:
         """Wait for every copy and launch so far."""
+
+    def begin_capture(self) -> None:
+        """Record the launches that follow instead of running them (a CUDA graph; a list elsewhere)."""
+
+    def end_capture(self) -> Any:
+        """The recording since ``begin_capture``, ready to ``replay``."""
+
+    def replay(self, recording: Any) -> None:
+        """Run a recording's launches again, in order, on the device's queue."""
 
 
 class GpuExecutor:
@@ -74,12 +85,17 @@ class GpuExecutor:
         for launch in gpu.kernels:
             for variant in (launch, launch.small):
                 if variant is not None:
-                    self._prepared[id(variant)] = device.prepare(variant.function, self._arguments(variant),
+                    self._prepared[id(variant)] = device.prepare(variant.function, self.buffer_arguments(variant),
                                                                  1 + len(plan.dims))
         device.synchronize()
 
-    def _arguments(self, launch: GpuKernel) -> list[tuple[Any, int]]:
+    def buffer_arguments(self, launch: GpuKernel) -> list[tuple[Any, int]]:
+        """The (device buffer, byte offset) arguments of ``launch``'s buffers."""
         return [(self._arena, b.offset) if b.kind == "temp" else (self._mem[id(b)], 0) for b in launch.buffers]
+
+    def upload(self, dst: Any, a: np.ndarray) -> None:
+        """Copy ``a`` to device buffer ``dst``, counted in ``uploads`` and ``uploaded_bytes``."""
+        self._upload(dst, a)
 
     def _upload(self, dst: Any, a: np.ndarray) -> None:
         if a.nbytes:
@@ -87,14 +103,19 @@ class GpuExecutor:
             self.uploads += 1
             self.uploaded_bytes += a.nbytes
 
+    def graph_device(self, source: str) -> GpuDevice:
+        """The device over this executor's memory and queue with the kernels of ``source`` (graph.py)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot record launches")
+
     def run(self, inputs: Mapping[str, np.ndarray], env: Mapping[str, int],
             out: Mapping[int, np.ndarray] | None = None, resident: Collection[str] = (),
-            fetch: Collection[int] | None = None) -> list[np.ndarray | None]:
+            fetch: Collection[int] | None = None, launch: Callable[[], None] | None = None) -> list[np.ndarray | None]:
         """The outputs at dimension values ``env``. ``out``: output index -> array that receives it;
         ``resident``: donated inputs whose device buffers already hold the value to use (not uploaded;
         their arrays may be absent from ``inputs``); ``fetch``: the output indices to copy back (None: all;
-        the others are None in the result)."""
-        plan, dev = self.plan, self.device
+        the others are None in the result); ``launch``: what runs the kernels, between the uploads and the
+        downloads (a recording's replay, graph.py; default: every kernel launched in plan order)."""
+        plan = self.plan
         for name in resident:
             if name not in self.donated:
                 raise ValueError(f"resident input {name!r} is not an input this program updates in place "
@@ -106,6 +127,14 @@ class GpuExecutor:
             a = np.ascontiguousarray(inputs[b.name])
             keep.append(a)
             self._upload(self._mem[id(b)], a)
+        if launch is not None:
+            launch()
+        else:
+            self._launch_all(env)
+        return self._fetch(inputs, env, out, resident, fetch, keep)
+
+    def _launch_all(self, env: Mapping[str, int]) -> None:
+        dev = self.device
         dims = [int(env[n]) for n in self._dim_names]
         values: dict = {}  # a run evaluates each distinct work-item expression once (launch overhead)
 
@@ -124,6 +153,9 @@ class GpuExecutor:
                 continue
             block = variant.block or self.block
             dev.launch(self._prepared[id(variant)], [n] + dims, (n + block - 1) // block, block)
+
+    def _fetch(self, inputs, env, out, resident, fetch, keep) -> list[np.ndarray | None]:
+        plan, dev = self.plan, self.device
         outs: list[np.ndarray | None] = []
         for k, b in enumerate(plan.outputs):
             if fetch is not None and k not in fetch:

@@ -66,6 +66,7 @@ def float_literal(v: float) -> str:
     return f"{v.hex()}f" if v != int(v) or abs(v) >= 2**24 else f"{v:.1f}f"
 
 
+PARAMS_MARK = "/* LS_PARAMS */"  # where a kernel with parameters in memory reads them (params_header)
 # a gemm kernel whose output has at most this many rows (a decode step's matrix-vector products) runs its
 # row form: a work group per output splitting k (reduce.py), not a 16 x 16 tile of which one row is used
 SMALL_ROWS = 8
@@ -135,11 +136,14 @@ class KernelRenderer:
     """Renders the IR of one plan kernel as statements of ``Emitter`` (a fresh renderer per kernel)."""
 
     def __init__(self, plan: KernelPlan, dialect: Dialect, k: ir.Kernel, tiled_gemm: bool = True,
-                 row_reductions: bool = True, row_form: bool = False):
+                 row_reductions: bool = True, row_form: bool = False, params_in_memory: bool = False):
         self.dialect = dialect
         self.tiled_gemm = tiled_gemm  # gemm kernels under the tile schedule (gemm.py), else plain loops
         self.row_reductions = row_reductions  # long reductions: a work group per output (reduce.py)
         self.row_kinds = ("loop", "tiled", "gemm") if row_form else ("loop", "tiled")
+        # the dimension values come from a device buffer P and the kernel computes its own work items, so
+        # a launch recorded once (a CUDA graph) stays valid for other values (see graph.py)
+        self.params_in_memory = params_in_memory
         self.plan = plan
         self.kernel = k
         self.em = Emitter(dialect, list(plan.dims))
@@ -379,13 +383,35 @@ class KernelRenderer:
         for i, b in enumerate(self.buffers):
             qual = "" if b is self.kernel.out else "const "
             params.append(f"LS_GLOBAL {qual}ls_u8 *p{i}, const ls_i64 o{i}")
-        params.append("const ls_i64 n_items")
-        params += [f"const ls_i64 D_{v.name}" for v in self.plan.dims]
-        return "LS_KERNEL KFN(" + ", ".join(params) + ") {\n" + "\n".join(self.em.lines) + "\n}\n"
+        if self.params_in_memory:
+            params.append("LS_GLOBAL const ls_i64 *P")
+            lines = [PARAMS_MARK] + self.em.lines
+        else:
+            params.append("const ls_i64 n_items")
+            params += [f"const ls_i64 D_{v.name}" for v in self.plan.dims]
+            lines = self.em.lines
+        return "LS_KERNEL KFN(" + ", ".join(params) + ") {\n" + "\n".join(lines) + "\n}\n"
+
+    def params_header(self, items: sym.sint, block: int | None) -> str:
+        """The first lines of a kernel whose parameters are in memory: the dimension values from ``P``, its
+        work items, and (for forms with a fixed work-group size) the exit of whole groups past them."""
+        h = Emitter(self.dialect, list(self.plan.dims), names="p_")
+        for i, v in enumerate(self.plan.dims):
+            h.line(f"const ls_i64 D_{v.name} = P[{i}];")
+        h.line(f"const ls_i64 n_items = {h.sym(items)};")
+        if block is not None:  # the whole group leaves, before any barrier
+            h.line(f"if (LS_GROUP_ID * {block} >= n_items) return;")
+        return "\n".join(h.lines)
 
     def function(self) -> tuple[str, sym.sint, int | None]:
         """(the kernel function's text, named ``KFN``; the number of work items it runs over; its work-group
         size, None for the dialect's default)."""
+        text, items, block = self._function()
+        if self.params_in_memory:
+            text = text.replace(PARAMS_MARK, self.params_header(items, block))
+        return text, items, block
+
+    def _function(self) -> tuple[str, sym.sint, int | None]:
         k, em = self.kernel, self.em
         if k.kind not in LOOP_KINDS:
             raise NotImplementedError(f"GPU renderer: kernel {k.name} is a lowered {k.kind!r} kernel; "
@@ -446,11 +472,13 @@ def form_plan(program: Program) -> KernelPlan:
 
 
 def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect, tiled_gemm: bool = True,
-                  row_reductions: bool = True,
-                  row_form: bool = False) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
+                  row_reductions: bool = True, row_form: bool = False,
+                  params_in_memory: bool = False) -> tuple[str, list[ir.Buffer], sym.sint, int | None]:
     """(function text named ``KFN``, its buffers in argument order, its work items, its work-group size or
-    None) of plan kernel ``k``; ``row_form`` renders a gemm kernel as a row reduction (reduce.py)."""
-    r = KernelRenderer(plan, dialect, k, tiled_gemm, row_reductions, row_form)
+    None) of plan kernel ``k``; ``row_form`` renders a gemm kernel as a row reduction (reduce.py);
+    ``params_in_memory``: the dimension values are read from a last argument ``P`` (a device buffer), and
+    the kernel computes its work items from them (see KernelRenderer)."""
+    r = KernelRenderer(plan, dialect, k, tiled_gemm, row_reductions, row_form, params_in_memory)
     text, items, block = r.function()
     return text, r.buffers, items, block
 
@@ -464,20 +492,21 @@ def _small_rows(k: ir.Kernel) -> sym.sint | None:
 
 
 def render_program(plan: KernelPlan, dialect: Dialect, prefix: str = "ls_k", tiled_gemm: bool = True,
-                   row_reductions: bool = True, small_form: str = "rows") -> GpuProgram:
+                   row_reductions: bool = True, small_form: str = "rows",
+                   params_in_memory: bool = False) -> GpuProgram:
     """Every kernel of ``plan`` as functions of ``dialect`` (equal texts share one function) and the
     launches in plan order; ``tiled_gemm=False`` renders gemm kernels, ``row_reductions=False`` long
     reductions, as plain per-output loops. With both, a tiled gemm kernel also gets a form for few rows:
     ``small_form="rows"`` a work group per output splitting k (GPUs: the group's loads of a weight row
     coalesce), ``"loop"`` a work item per output looping over k (CPUs such as PoCL's, where a work group
-    and its barriers cost more than the loop)."""
+    and its barriers cost more than the loop). ``params_in_memory``: see ``render_kernel``."""
     if small_form not in ("rows", "loop"):
         raise ValueError(f"small_form must be 'rows' or 'loop', got {small_form!r}")
     by_text: dict[str, str] = {}
 
     def launch(k: ir.Kernel, tiles: bool = tiled_gemm, rows: bool = row_reductions,
                row_form: bool = False) -> GpuKernel:
-        text, buffers, items, block = render_kernel(plan, k, dialect, tiles, rows, row_form)
+        text, buffers, items, block = render_kernel(plan, k, dialect, tiles, rows, row_form, params_in_memory)
         name = by_text.setdefault(text, f"{prefix}{len(by_text)}")
         return GpuKernel(k.name, name, buffers, items, block)
 

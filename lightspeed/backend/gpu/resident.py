@@ -4,7 +4,9 @@
 Compiled with ``kv_update="scatter"`` the caches are donated inputs that the program updates in place, so
 on a GPU backend their device buffers already hold the updated cache after a call: ``ResidentLM`` uploads
 zeroed caches once, then names them ``resident`` (not uploaded) and fetches only the logits, so a decode
-step moves the token ids in and the logits out, nothing else.
+step moves the token ids in and the logits out, nothing else. One-token steps replay a recording of their
+launches (graph.py: a CUDA graph on CUDA) instead of launching every kernel from Python; where recording
+fails, ``graph_error`` says why and steps launch directly.
 """
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from typing import Sequence
 import numpy as np
 
 from .executor import GpuExecutor
+from .graph import GraphStep
 
 
 class ResidentLM:
     """``run(tokens, pos) -> logits`` of a step program (``lm.compile(..., kv_update="scatter",
     backend="cuda" | "opencl")``) whose caches live on the device; ``reset()`` starts a new sequence."""
 
-    def __init__(self, step):
+    def __init__(self, step, graphs: bool = True):
         executor = step.program.executor
         if not isinstance(executor, GpuExecutor):
             raise ValueError(f"ResidentLM needs a GPU backend's program, got {type(executor).__name__}")
@@ -29,6 +32,9 @@ class ResidentLM:
         self.step, self.executor = step, executor
         self.names = [s.name for s in step.cache_specs]
         self._on_device = False
+        self.graphs = graphs
+        self.graph: GraphStep | None = None  # the one-token step's recording, made at the first such step
+        self.graph_error: str | None = None
 
     def reset(self) -> None:
         """Forget the cache (the next run uploads zeroed caches; stale rows are never read anyway)."""
@@ -49,6 +55,15 @@ class ResidentLM:
         if not self._on_device:
             inputs.update(step.new_caches())
         env = {"pos": int(pos), "seq": n}
-        outs = self.executor.run(inputs, env, resident=self.names if self._on_device else (), fetch=(0,))
+        resident = self.names if self._on_device else ()
+        if n == 1 and self.graphs and self.graph_error is None and self.graph is None:
+            try:
+                self.graph = GraphStep(self.executor, {"seq": 1}, getattr(self.executor, "small_form", "rows"))
+            except Exception as e:  # a device that cannot record: launch directly, and say why
+                self.graph_error = f"{type(e).__name__}: {e}"
+        if n == 1 and self.graph is not None:
+            outs = self.graph.run(inputs, env, resident=resident, fetch=(0,))
+        else:
+            outs = self.executor.run(inputs, env, resident=resident, fetch=(0,))
         self._on_device = True
         return outs[0]

@@ -31,15 +31,24 @@ BUILD_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt", "-w")
 class OpenCLDevice:
     """``GpuDevice`` of one OpenCL device: a context, an in-order queue and one built program."""
 
-    def __init__(self, device, source: str, build_options: Sequence[str] = ()):
+    def __init__(self, device, source: str, build_options: Sequence[str] = (), share: "OpenCLDevice | None" = None):
         import pyopencl as cl
         from ..c.cache_files import cache_subdir
         self.cl = cl
-        self.context = cl.Context([device])
-        self.queue = cl.CommandQueue(self.context)
+        self.build_options = tuple(build_options)
+        if share is None:
+            self.context = cl.Context([device])
+            self.queue = cl.CommandQueue(self.context)
+        else:  # another program in the same context and queue: buffers and ordering are shared
+            self.context, self.queue = share.context, share.queue
         options = list(BUILD_OPTIONS) + list(build_options)
         self.program = cl.Program(self.context, source).build(options=options,
                                                               cache_dir=str(cache_subdir("pyopencl")))
+        self._recording: list | None = None
+
+    def sibling(self, source: str) -> "OpenCLDevice":
+        """A device over the same context and queue with the kernels of ``source``."""
+        return OpenCLDevice(None, source, self.build_options, share=self)
 
     def alloc(self, nbytes: int):
         return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(int(nbytes), 1))
@@ -50,21 +59,40 @@ class OpenCLDevice:
     def download(self, a: np.ndarray, src) -> None:
         self.cl.enqueue_copy(self.queue, a, src, is_blocking=False)
 
-    def prepare(self, function: str, buffers: Sequence[tuple[Any, int]], n_scalars: int):
+    def prepare(self, function: str, buffers: Sequence[tuple[Any, int]], n_scalars: int,
+                pointers: Sequence[Any] = ()):
         kern = self.cl.Kernel(self.program, function)
         for i, (buf, offset) in enumerate(buffers):
             kern.set_arg(2 * i, buf)
             kern.set_arg(2 * i + 1, np.int64(offset))
-        return kern, 2 * len(buffers)
+        for i, buf in enumerate(pointers):
+            kern.set_arg(2 * len(buffers) + i, buf)
+        return kern, 2 * len(buffers) + len(pointers)
 
     def launch(self, kernel, scalars: Sequence[int], groups: int, block: int) -> None:
         kern, at = kernel
+        if self._recording is not None:
+            if scalars:
+                raise ValueError("a recorded launch cannot take scalar arguments (they are read at the launch)")
+            self._recording.append((kern, groups, block))
+            return
         for i, v in enumerate(scalars):
             kern.set_arg(at + i, np.int64(v))
         self.cl.enqueue_nd_range_kernel(self.queue, kern, (groups * block,), (block,))
 
     def synchronize(self) -> None:
         self.queue.finish()
+
+    def begin_capture(self) -> None:
+        self._recording = []
+
+    def end_capture(self) -> list:
+        recording, self._recording = self._recording, None
+        return recording
+
+    def replay(self, recording: list) -> None:
+        for kern, groups, block in recording:
+            self.cl.enqueue_nd_range_kernel(self.queue, kern, (groups * block,), (block,))
 
 
 @register_backend("opencl")
@@ -84,6 +112,7 @@ class OpenCLBackend(GpuExecutor):
         plan = form_plan(program)
         if small_form is None:
             small_form = "loop" if dev.type & cl.device_type.CPU else "rows"
+        self.small_form = small_form
         gpu = render_program(plan, OPENCL, small_form=small_form)
         self.source = gpu.source
         self.opencl = OpenCLDevice(dev, gpu.source, build_options)
@@ -94,3 +123,7 @@ class OpenCLBackend(GpuExecutor):
     @property
     def queue(self):
         return self.opencl.queue
+
+    def graph_device(self, source: str) -> OpenCLDevice:
+        """The device of a parameters-in-memory program (graph.py): same context, queue and buffers."""
+        return self.opencl.sibling(source)
