@@ -247,6 +247,7 @@ def llama8b(budget: float, dry: bool, arch: str, report: Report, backend: str = 
         lm = _llama8b(layers=4, random=False)
         g, outputs, _ = lm.build(ctx, PREFILL, True, "scatter", "float32")
         return {"device": "no GPU (dry run)", "kernels_compiled": len(compile_cubins(outputs, arch=arch)),
+                "recorded_step_kernels_compiled": len(compile_cubins(outputs, arch=arch, params_in_memory=True)),
                 "bytes_per_token": _llama8b(random=False).weights.bytes_per_token()}
     t0 = time.perf_counter()
     lm = _llama8b()

@@ -33,6 +33,7 @@ def test_dry_run_compiles_and_reports_no_gpu(tmp_path, monkeypatch) -> None:
     assert all(v["status"] == "ok" for v in s.values()), {k: v.get("error") for k, v in s.items()}
     assert s["bandwidth"]["compiled"] is True
     assert s["llama8b"]["kernels_compiled"] >= 40  # every distinct kernel of the 8B shape
+    assert s["llama8b"]["recorded_step_kernels_compiled"] >= 40  # and as a recorded decode step runs them
     assert 7.5e9 < s["llama8b"]["bytes_per_token"] < 8.5e9  # Q8_0 Llama 3 8B: ~8 GB read per token
     assert "skipped" in s["torch"]
     if report["no_gpu"] is not None:

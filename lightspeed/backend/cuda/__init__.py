@@ -36,11 +36,13 @@ def _program(what) -> Program:
     return Program.build(outs[0].graph, outs)
 
 
-def compile_cubins(what: "Program | Sequence", arch: str = DEFAULT_ARCH) -> list[tuple[str, str, bytes]]:
+def compile_cubins(what: "Program | Sequence", arch: str = DEFAULT_ARCH,
+                   params_in_memory: bool = False) -> list[tuple[str, str, bytes]]:
     """(kernel function name, its CUDA source, its cubin) for every distinct kernel of ``what`` (a Program
-    or a list of output Tensors), each compiled on its own by NVRTC for ``arch``; no GPU needed."""
+    or a list of output Tensors), each compiled on its own by NVRTC for ``arch``; no GPU needed.
+    ``params_in_memory``: the kernels as a recorded step runs them (gpu/graph.py)."""
     plan = form_plan(_program(what))
-    gpu = render_program(plan, CUDA)
+    gpu = render_program(plan, CUDA, params_in_memory=params_in_memory)
     prelude = CUDA.prelude()
     out = []
     for name, text in gpu.functions.items():
