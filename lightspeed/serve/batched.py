@@ -161,14 +161,20 @@ class BatchedStep:
         first = g.inputs[names[0]]
         # zero pages: memory is only touched as slots fill
         self.caches = {n: np.zeros(tuple(first.shape), dtype=first.dtype.np) for n in names}
+        self._views: list[dict[str, np.ndarray] | None] = [None] * max_batch
 
     def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
         """Views ``[ctx, ...]`` of slot ``slot`` in every cache (the layout the single-sequence
         program takes; writes through them land in the batched caches)."""
         if not 0 <= slot < self.max_batch:
             raise ValueError(f"slot {slot} is outside 0..{self.max_batch - 1}")
-        lo = slot * self.ctx
-        return {n: a[lo:lo + self.ctx] for n, a in self.caches.items()}
+        # the same views every time: the single-sequence program checks a set of cache arrays once
+        # (lightspeed.row_step), so new views per prefill chunk would cost that check every chunk
+        views = self._views[slot]
+        if views is None:
+            lo = slot * self.ctx
+            views = self._views[slot] = {n: a[lo:lo + self.ctx] for n, a in self.caches.items()}
+        return views
 
     def move_slot(self, src: int, dst: int, rows: int) -> None:
         """Copy the first ``rows`` rows of slot ``src`` into slot ``dst`` (packing after a sequence leaves)."""
@@ -194,4 +200,5 @@ class BatchedStep:
         for name, updated in zip(self.names, outs[1:]):
             if updated is not self.caches[name]:  # a backend that did not write in place
                 self.caches[name] = updated
+                self._views = [None] * self.max_batch
         return outs[0]

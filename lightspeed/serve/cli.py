@@ -6,6 +6,7 @@ import sys
 
 from ..cli_generate import (add_activations_argument, add_backend_argument, add_kv_cache_argument, check_backend,
                             check_context)
+from .engine import DEFAULT_PREFILL_CHUNK
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -28,7 +29,8 @@ def _serve(args: argparse.Namespace) -> int:
                         kv_cache=args.kv_cache, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
                         keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
                         max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds,
-                        max_schema_bytes=args.max_schema_bytes, prefix_cache_mb=args.prefix_cache_mb)
+                        max_schema_bytes=args.max_schema_bytes, prefix_cache_mb=args.prefix_cache_mb,
+                        prefill_chunk=args.prefill_chunk)
     return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
 
 
@@ -81,6 +83,9 @@ def add_serve(sub) -> None:
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=256,
                    help="MiB of cached KV rows of shared prompt prefixes (system prompts, earlier turns) that later "
                         "requests reuse instead of prefilling again; 0 turns it off (256)")
+    p.add_argument("--prefill-chunk", type=_positive, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
+                   help="prompt tokens prefilled per step while other requests decode: smaller keeps their streams "
+                        f"steadier while a long prompt arrives, larger prefills it sooner ({DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     limits = p.add_argument_group("connection limits (slow or idle clients are disconnected)")

@@ -5,10 +5,17 @@ Each turn of its loop:
 1. drops cancelled sequences (a client that went away frees its slot before the next step);
 2. runs queued jobs (embeddings) — native programs share one thread pool, so they never run
    concurrently with a step;
-3. admits waiting sequences into free slots and runs ONE prefill chunk (at most ``max_chunk``
-   tokens) of the oldest admitted prompt, so a long prompt delays the others by one chunk per step;
+3. admits a waiting sequence into a free slot and prefills its prompt in chunks of ``prefill_chunk``
+   tokens: while other sequences decode, ONE chunk per turn, so a long prompt delays each of their
+   tokens by one chunk's time only (chunked prefill inside the batch); when nothing decodes, every
+   chunk back to back (nobody waits for them);
 4. runs one batched decode step over every decoding sequence (``stepper.run``): a new sequence
    joins the batch once its prompt is prefilled, a finished one leaves.
+
+Chunks end at multiples of ``prefill_chunk`` (positions counted from the prompt's start, also after a
+prefix-cache hit), so a prompt is always cut at the same places, however busy the engine is: its cache
+rows, and so its greedy output, do not depend on what else runs (the batched step makes the same promise
+for decode rows).
 
 Slots stay packed: decoding sequences hold slots ``0 .. D-1`` (row ``b`` of a step is slot
 ``b``) and the one being prefilled holds slot ``D``. When a sequence leaves, the sequence in the
@@ -71,12 +78,20 @@ class SequentialStepper:
         return np.stack(rows)
 
 
-class Engine:
-    """Runs sequences on ``step`` (the single-sequence program, for prefill) and ``stepper`` (decode)."""
+DEFAULT_PREFILL_CHUNK = 8  # prompt tokens per turn while others decode (benchmarks/README.md, "Serving")
 
-    def __init__(self, step, stepper, max_queue: int = 64, prefix_cache: PrefixCache | None = None):
+
+class Engine:
+    """Runs sequences on ``step`` (the single-sequence program, for prefill) and ``stepper`` (decode);
+    prompts are prefilled ``prefill_chunk`` tokens at a time (at most the program's ``max_chunk``)."""
+
+    def __init__(self, step, stepper, max_queue: int = 64, prefix_cache: PrefixCache | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
         if getattr(step, "kv_update", "rows") != "rows":
             raise ValueError("the engine prefills into slot views, which needs kv_update='rows'")
+        if type(prefill_chunk) is not int or prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be a positive number of tokens, got {prefill_chunk!r}")
+        self.prefill_chunk = min(prefill_chunk, step.max_chunk)
         self.step, self.stepper = step, stepper
         # rows are reused by position, so every cache must hold one row per position of the slot
         caches = stepper.slot_caches(0)
@@ -91,6 +106,7 @@ class Engine:
         self.steps = 0
         self.decoded_tokens = 0
         self.prefilled_tokens = 0
+        self.prefill_chunks = 0
         self.step_seconds = 0.0     # in batched decode steps
         self.prefill_seconds = 0.0  # in prefill chunks
         self.masks: MaskWorker | None = None  # started with the first sequence under a grammar
@@ -141,7 +157,8 @@ class Engine:
             masks = self.masks
             return {"active": len(self.slots), "waiting": len(self.waiting), "max_batch": self.max_batch,
                     "steps": self.steps, "decoded_tokens": self.decoded_tokens,
-                    "prefilled_tokens": self.prefilled_tokens, "decode_seconds": round(self.step_seconds, 3),
+                    "prefilled_tokens": self.prefilled_tokens, "prefill_chunks": self.prefill_chunks,
+                    "prefill_chunk": self.prefill_chunk, "decode_seconds": round(self.step_seconds, 3),
                     "prefill_seconds": round(self.prefill_seconds, 3),
                     "grammar_masks": masks.masks if masks else 0,
                     "grammar_mask_seconds": round(masks.seconds, 4) if masks else 0.0,
@@ -232,7 +249,8 @@ class Engine:
                     fut.set_exception(e)
 
     def _prefill(self) -> None:
-        """Admit a waiting sequence when a slot is free and nothing is mid-prefill; run one chunk."""
+        """Admit a waiting sequence when a slot is free and nothing is mid-prefill; run one chunk of its
+        prompt, or all of them while no other sequence decodes."""
         filling = self.slots[-1] if self.slots and self.slots[-1].next_token is None else None
         if filling is None and len(self.slots) < self.max_batch:
             with self._cond:
@@ -246,7 +264,14 @@ class Engine:
                 filling = seq
         if filling is None:
             return
-        chunk = filling.prefill_left[:self.step.max_chunk]
+        alone = len(self.slots) == 1  # nobody decodes: nothing waits between chunks
+        while self._prefill_chunk(filling) and alone and not (filling.cancelled or self.jobs or self._halt):
+            pass
+
+    def _prefill_chunk(self, filling: Sequence) -> bool:
+        """Run the next chunk of ``filling``'s prompt; True while chunks are left to run."""
+        c = self.prefill_chunk
+        chunk = filling.prompt_ids[filling.pos:(filling.pos // c + 1) * c]  # ends at a multiple of c
         last = len(chunk) == len(filling.prefill_left)
         # the first token's mask is prepared while the last chunk runs
         job = self._start_masks([filling] if last else [])
@@ -256,16 +281,20 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - this prompt's problem (a token the model lacks): only it fails
             filling.fail(f"prefill failed: {type(e).__name__}: {e}")
             self._release([filling])
-            return
+            return False
         finally:
             self.prefill_seconds += time.perf_counter() - t0
             self._wait_masks(job)
+        self.prefill_chunks += 1
         filling.pos += len(chunk)
         self.prefilled_tokens += len(chunk)
-        if not filling.prefill_left and self.prefix_cache is not None:
+        if not last:
+            return True
+        if self.prefix_cache is not None:
             self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot))
-        if not filling.prefill_left and not filling.accept(logits[-1], self.ctx):
+        if not filling.accept(logits[-1], self.ctx):
             self._release([filling])
+        return False
 
     def _decode(self) -> None:
         batch = [s for s in self.slots if s.next_token is not None]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..io.template_limits import TemplateLimits
 from ..prefix_cache import PrefixCache
 from ..structured import GrammarLimits
-from .engine import Engine, SequentialStepper
+from .engine import DEFAULT_PREFILL_CHUNK, Engine, SequentialStepper
 
 
 @dataclass
@@ -55,6 +55,7 @@ class ServeOptions:
     template_seconds: float = 5.0        # wall-clock bound of one chat-template render
     max_schema_bytes: int = 32 * 1024    # a response_format schema or grammar, or a request's tool schemas
     prefix_cache_mb: int = 256           # KV rows of shared prompt prefixes kept for reuse (0: no prefix cache)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens prefilled per step while other sequences decode
 
 
 def model_name(path: str) -> str:
@@ -104,7 +105,8 @@ def build_state(opts: ServeOptions):
         embed_id = "all-MiniLM-L6-v2" if opts.embed_model == "default" else model_name(path)
         _log(f"embedding model {embed_id} ({embedder.dim} dimensions)")
     cache = PrefixCache(opts.prefix_cache_mb << 20) if opts.prefix_cache_mb > 0 else None
-    engine = Engine(model.step, stepper, max_queue=opts.max_queue, prefix_cache=cache)
+    engine = Engine(model.step, stepper, max_queue=opts.max_queue, prefix_cache=cache,
+                    prefill_chunk=opts.prefill_chunk)
     engine.start()
     return ServerState(model=model, model_id=opts.name or model_name(model.path), engine=engine,
                        embedder=embedder, embed_id=embed_id, api_key=opts.api_key,
@@ -120,6 +122,8 @@ def check_limits(opts: ServeOptions) -> None:
         value = getattr(opts, name)
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
+    if not opts.prefill_chunk >= 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {opts.prefill_chunk!r}")
     if not opts.prefix_cache_mb >= 0:
         raise ValueError(f"prefix_cache_mb must be >= 0, got {opts.prefix_cache_mb!r}")
 
