@@ -5,8 +5,8 @@ max or dot product with few outputs, such as a decode step's norms and matvecs, 
 like ``rsqrt(mean(x * x) + eps)`` — gives each output a work group of ``GROUP`` work items: item ``i``
 accumulates elements ``i, i + GROUP, ...`` in order, then the partial results are combined by a tree in
 local (shared) memory and the first item computes the epilogue and stores. A sum that divides its index
-by a constant (a quantized row's blocks of 32) runs by blocks instead: item ``i`` takes blocks ``i, i +
-GROUP, ...``, decodes the block's scale once and runs over the block's elements. Float sums
+by a constant (a quantized row's blocks of 32) runs by blocks instead: a few work items share a block,
+each decoding its scale once and taking ``RUN`` consecutive elements of it (see ``_blocked_sum``). Float sums
 therefore add in another order than the plain loop (within rounding); integer sums (wrapping) and max
 (with its NaN flag) give the same bits.
 """
@@ -19,6 +19,7 @@ from ...ops import Op
 from ..c.loop_split import hoist_invariants, split_reduction
 
 GROUP = 64  # work items per output (a power of two: the tree halves it)
+RUN = 4  # consecutive elements of a block per work item, in a sum taken by blocks
 MIN_SIZE = 128  # reductions shorter than this keep one work item per output
 
 
@@ -81,18 +82,32 @@ def render_row_reduction(r, red: ir.Reduce) -> tuple[str, sym.sint, int]:
 
 def _blocked_sum(r, blocks: ir.Reduce, compute_type) -> None:
     """``acc`` of a sum split into blocks (a quantized row's blocks of 32: ``blocks`` sums over blocks a sum
-    over a block's contiguous elements): work item ``lid`` takes blocks ``lid, lid + GROUP, ...``, computes
-    what the block's elements share (its scale) once, then runs over the block's elements. Fewer
-    instructions per weight byte than a work item per element, where the scale is decoded every time."""
+    over a block's ``c`` contiguous elements). ``c / RUN`` work items share a block, each taking ``RUN``
+    consecutive elements, so a pass of the group reads ``GROUP * RUN`` contiguous elements (neighbouring
+    work items read neighbouring bytes: a GPU's loads coalesce) and what a block's elements share (its
+    scale) is decoded once per ``RUN`` elements instead of once per element."""
     em, inner = r.em, blocks.body
+    c = int(inner.size) if sym.is_const(inner.size) else 0
+    share = c // RUN if c % RUN == 0 and c >= RUN and GROUP % (c // RUN) == 0 else 1
+    run = c // share if share > 1 else 0
     hv = r.local_name(blocks.var)
-    with em.block(f"for (ls_i64 {hv} = lid; {hv} < {em.sym(blocks.size)}; {hv} += {GROUP})"):
+    nb = em.sym(blocks.size)
+    em.line(f"const ls_i64 part_block = lid / {share}, part_lane = lid % {share};")
+    with em.block(f"for (ls_i64 {hv} = part_block; {hv} < {nb}; {hv} += {GROUP // share})"):
         em.bind(blocks.var, hv)
         body, hoisted = hoist_invariants(inner.body, inner.var, em.fresh("h") + "_")
         for name, y in hoisted:
             em.line(f"const {compute_type(y.dtype)} {name} = {r.expr(y)};")
         lv = r.local_name(inner.var)
-        with em.block(f"for (ls_i64 {lv} = 0; {lv} < {em.sym(inner.size)}; {lv}++)"):
+        if run:
+            header = f"for (ls_i64 j = 0; j < {run}; j++)"
+            first = f"const ls_i64 {lv} = part_lane * {run} + j;"
+        else:
+            header = f"for (ls_i64 {lv} = 0; {lv} < {em.sym(inner.size)}; {lv}++)"
+            first = None
+        with em.block(header):
+            if first:
+                em.line(first)
             em.bind(inner.var, lv)
             em.line(f"acc += {r.expr(body)};")
 
