@@ -35,6 +35,7 @@ PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
                   for h in ("prelude.h", "qdecode.h", "qvnni.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
+SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
 QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row group)
 QMM_DECODE_BYTES = 16 * 1024  # ... when one row group is all there is (decode): small items balance the threads
 QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (LS_QMM_PREFETCH in qdecode.h)
@@ -319,18 +320,28 @@ class KernelRenderer:
         nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in x.body.walk())
         v = self.var(x.var)
         loop = f"for (int64_t {v} = 0; {v} < {self.idx(x.size)}; {v}++)"
+        # a few terms (a pooling window) are written out, one block per term with its index a constant, so
+        # the loop over outputs around them vectorises (GCC vectorises no loop around one it has not unrolled)
+        short = sym.is_const(x.size) and 0 < int(x.size) <= SHORT_REDUCE and not nested
+
+        def terms(step: str, pragma: str) -> str:
+            if short:
+                return " ".join(f"{{ const int64_t {v} = {i}; {step}; }}" for i in range(int(x.size)))
+            return f"{pragma}{loop} {{ {step}; }}"
+
         if x.op is Op.MAX_REDUCE and x.dtype.is_float:
-            # a plain max vectorises; NaN (which numpy propagates) is tracked in a separate flag
+            # a plain max vectorises; NaN (which numpy propagates) is tracked in a separate flag (counted in the
+            # written-out form: an OR of it beside a select keeps GCC from vectorising the loop around)
             nan = f"nan{self.n}"
             pragma = "" if nested else f'_Pragma("omp simd reduction(max:{acc}) reduction(|:{nan})") '
-            return (f"({{ float {acc} = {init}; int {nan} = 0; {pragma}{loop} "
-                    f"{{ float _v = ({body}); {nan} |= _v != _v; {acc} = _v > {acc} ? _v : {acc}; }} "
-                    f"{nan} ? NAN : {acc}; }})")
+            flag = f"{nan} += _v != _v" if short else f"{nan} |= _v != _v"
+            step = f"float _v = ({body}); {flag}; {acc} = _v > {acc} ? _v : {acc}"
+            return f"({{ float {acc} = {init}; int {nan} = 0; {terms(step, pragma)} {nan} ? NAN : {acc}; }})"
         pragma = ""
         if x.op is Op.SUM_REDUCE and not nested:
             pragma = f'_Pragma("omp simd reduction(+:{acc})") '
         step = self.reduce_step(x, acc, body)
-        return f"({{ {t} {acc} = {init}; {pragma}{loop} {{ {step}; }} ({compute_type(x.dtype)}){acc}; }})"
+        return f"({{ {t} {acc} = {init}; {terms(step, pragma)} ({compute_type(x.dtype)}){acc}; }})"
 
     def reduce_init(self, x: ir.Reduce) -> str:
         if x.op is Op.SUM_REDUCE:
