@@ -3,14 +3,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 
 from ..cli_generate import add_activations_argument, add_backend_argument, add_kv_cache_argument
 from ..requant import TARGETS
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import BenchOptions, format_text, plot, run_bench
+    from ..parallel import distributed_env
+    from . import BenchOptions, run_bench
+    from .tensor_parallel import measure_rank, merge_row
+    if args.tensor_parallel < 1:
+        raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
+    if args.tensor_parallel > 1 and args.backend != "c":
+        raise ValueError(f"bench --tensor-parallel runs the C backend's ranks; --backend {args.backend} is not "
+                         "supported with it")
     if args.backend in ("cuda", "opencl"):  # the GPU bench: device bandwidth probe, tokens/s on the device
         return _gpu_bench(args)
     if args.backend != "c":
@@ -26,9 +35,43 @@ def _bench(args: argparse.Namespace) -> int:
             print("lightspeed: error: --plot needs matplotlib, which is not installed: pip install matplotlib",
                   file=sys.stderr)
             return 1
+    log = (lambda m: None) if args.quiet else (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
+    row = None
+    if args.tensor_parallel > 1:
+        if distributed_env() is None:  # this process: the one-process run, then N local ranks for the row
+            report = run_bench(opts, log=log)
+            row = _local_ranks_row(args.tensor_parallel)
+            return _print(args, merge_row(report, row))
+        row = measure_rank(opts, args.tensor_parallel, log)  # a rank (of ours, or of torchrun)
+        if args.tensor_parallel_report:  # started by _local_ranks_row: rank 0 hands its row back
+            if row is not None:
+                with open(args.tensor_parallel_report, "w") as f:
+                    json.dump(row, f)
+            return 0
+        if row is None:  # under torchrun: rank 0 reports (after its own one-process run below)
+            return 0
     # errors (a missing model, bad sizes, out of memory) are reported by lightspeed.cli.run_handler
-    report = run_bench(opts, log=(lambda m: None) if args.quiet else
-                       (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True)))
+    report = run_bench(opts, log=log)
+    if row is not None:
+        merge_row(report, row)
+    return _print(args, report)
+
+
+def _local_ranks_row(world: int) -> dict:
+    """Run this command as ``world`` local ranks (cores split between them) and read rank 0's row."""
+    from ..parallel.launch import launch_local
+    with tempfile.TemporaryDirectory(prefix="lightspeed-bench-tp-") as folder:
+        path = os.path.join(folder, "row.json")
+        code = launch_local(world, [*sys.argv[1:], "--tensor-parallel-report", path])
+        if code != 0:
+            raise RuntimeError(f"bench --tensor-parallel {world}: a rank failed (exit code {code}); its message "
+                               "is above")
+        with open(path) as f:
+            return json.load(f)
+
+
+def _print(args: argparse.Namespace, report: dict) -> int:
+    from . import format_text, plot
     if args.plot:
         plot(report, args.plot)
         report["plot"] = args.plot
@@ -69,4 +112,9 @@ def add_bench(sub) -> None:
     p.add_argument("--probe-reps", type=int, default=5, help="bandwidth probe passes per run (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt token ids")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="also time N local ranks of tensor parallelism (each with cores/N threads unless --threads "
+                        "is given): tokens/s and all-reduce ms per token of 1 and N ranks; under torchrun, the "
+                        "ranks it started")
+    p.add_argument("--tensor-parallel-report", default=None, help=argparse.SUPPRESS)  # rank 0's row, to the parent
     p.set_defaults(handler=_bench)

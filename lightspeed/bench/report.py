@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .tensor_parallel import format_rows
+
 
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
@@ -52,6 +54,8 @@ def format_text(r: dict[str, Any]) -> str:
     for name, label in r["engines"].items():
         rev = f" (source {r['lightspeed_revision']})" if name == "lightspeed" and r.get("lightspeed_revision") else ""
         lines.append(f"engine     {name}: {label}{rev}")
+    if "tensor_parallel" in r:  # lightspeed bench --tensor-parallel N
+        lines += format_rows(r["tensor_parallel"])
     return "\n".join(lines)
 
 
