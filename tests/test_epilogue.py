@@ -73,3 +73,22 @@ def test_a_convolution_takes_its_batch_norm_and_relu() -> None:
     out = relu(y * scale + shift)
     plan = _check(g, [out], {"x": RNG.standard_normal((2, 3, 32, 32)).astype(np.float32)})
     assert ("gemm", True) in _kinds(plan) and len(plan.kernels) == 1
+
+
+def test_gelu_whose_part_is_stored_once_still_folds_in() -> None:
+    """Kernel formation stores gelu's |x| once for the rest of its expression to read: both read the product,
+    and both fold into the gemm (the stored part becomes a shared subexpression of the epilogue)."""
+    from lightspeed.frontend import gelu
+    g = ls.Graph()
+    x = g.input("x", (64, 96), ls.float32)
+    y = gelu(linear(x, g.constant(_weights(160, 96)), g.constant(_weights(160))))
+    plan = _check(g, [y], {"x": RNG.standard_normal((64, 96)).astype(np.float32)})
+    assert _kinds(plan) == [("gemm", True)]
+
+
+def test_two_independent_readers_are_not_merged() -> None:
+    g = ls.Graph()
+    x = g.input("x", (64, 48), ls.float32)
+    p = linear(x, g.constant(_weights(80, 48)))
+    plan = _check(g, [relu(p), p * 2.0], {"x": RNG.standard_normal((64, 48)).astype(np.float32)})
+    assert len(plan.kernels) == 3  # the product and each reader

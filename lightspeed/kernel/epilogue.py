@@ -99,6 +99,35 @@ def _epilogue_of(gemm: ir.Kernel, consumer: ir.Kernel) -> ir.IR | None:
     return replace_loads(epi, gemm.out, product)
 
 
+def _merge_stored_part(kernels: list, ai: int, bi: int) -> ir.Kernel | None:
+    """Kernel ``bi`` with kernel ``ai``'s expression in place of its loads of ``ai``'s output, when ``ai`` is an
+    elementwise part of ``bi`` stored only for ``bi`` (both over the same shape, ``bi`` reading it at its own
+    index): an expensive subexpression (gelu's ``|x|``) that kernel formation stored so it is computed once.
+    In the merged expression it is one shared node, which the renderer still computes once per element."""
+    a, b = kernels[ai], kernels[bi]
+    if a.kind != "loop" or b.kind != "loop" or a.out.kind != "temp" or not _same_shape(a.shape, b.shape):
+        return None
+    if a.out not in b.reads or a.template is not None or b.template is not None:
+        return None
+    if any(k is not None and k is not b and a.out in k.reads for k in kernels):
+        return None
+    own = ir.dense_offset(b.loop_vars, b.shape)
+    for x in b.value.walk():
+        if isinstance(x, (ir.Reduce, ir.Gather)) or (isinstance(x, ir.Bytes) and x.buf is a.out):
+            return None
+        if isinstance(x, ir.Load) and x.buf is a.out and not sym.same(x.offset, own):
+            return None
+    if any(isinstance(x, (ir.Reduce, ir.Gather)) for x in a.value.walk()):
+        return None
+    try:
+        part = ir.substitute(a.value, dict(zip(a.loop_vars, b.loop_vars)))
+    except TypeError:
+        return None
+    merged = dataclasses.replace(b, value=replace_loads(b.value, a.out, part))
+    merged.reads = kernel_reads(merged)
+    return merged
+
+
 def fuse_epilogues(plan: KernelPlan) -> KernelPlan:
     """``plan`` with each gemm kernel's sole elementwise reader folded in as its epilogue (see the module
     docstring); a new plan (the kernels it changes are copies), or ``plan`` itself when nothing fuses."""
@@ -113,6 +142,11 @@ def fuse_epilogues(plan: KernelPlan) -> KernelPlan:
         if g.out.dtype is not dt.float32 or id(g.out) in outputs:
             continue
         readers = [i for i, k in enumerate(kernels) if k is not None and i != gi and g.out in k.reads]
+        if len(readers) == 2:  # gelu: a part of the expression stored once, then the rest reads both
+            merged = _merge_stored_part(kernels, *readers)
+            if merged is not None:
+                kernels[readers[0]], kernels[readers[1]] = None, merged
+                readers = [readers[1]]
         if len(readers) != 1:
             continue
         ci = readers[0]
