@@ -26,6 +26,7 @@ from .template_race import RaceResult, race_templates
 DEFAULT_BUDGET_S = {1: 30.0, 2: 120.0}
 GRAPH_SHARE = 0.25  # of the budget, at most, for graph-level search (level 2)
 RACE_MIN_BUDGET_S = 5.0  # templates are raced against generated kernels when this much budget is left
+RACE_SHARE = 0.5  # of the budget left, at most, for the race's two compiles (the rest: kernel schedules)
 
 
 @dataclass
@@ -90,10 +91,11 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
             report.lowering = LoweringChoice(note=str(e))
         if not report.lowering.all_chosen:
             lower_only = report.lowering.lower_only
-    if templates and budget - (time.perf_counter() - t0) >= RACE_MIN_BUDGET_S:
+    left = budget - (time.perf_counter() - t0)
+    if templates and left >= RACE_MIN_BUDGET_S:
         lower_only, report.race = race_templates(new, lower_only, form_options, cc or find_compiler(),
                                                  list(flags) if flags is not None else default_flags(),
-                                                 tune_dims(new, dims))
+                                                 tune_dims(new, dims), budget_s=left * RACE_SHARE)
     if new is not program or lower_only is not None:
         plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only))
     remaining = budget - (time.perf_counter() - t0)

@@ -76,6 +76,8 @@ def _lowered(r) -> list[str]:
     if r.race is not None and r.race.times:
         out.append(f"template race: {len(r.race.times)} raced, {len(r.race.dropped)} templates dropped for the "
                    "generated kernel")
+    elif r.race is not None and r.race.note:
+        out.append(f"template race: {r.race.note}")
     return out
 
 
