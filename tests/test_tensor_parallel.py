@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -200,3 +201,49 @@ def test_generate_cli_with_two_ranks_prints_one_process_text() -> None:
     bad = subprocess.run([sys.executable, "-m", "lightspeed", "generate", "--tensor-parallel", "2", "-"],
                          input="hi", capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "not from stdin" in bad.stderr and "Traceback" not in bad.stderr
+
+
+LAUNCHER = """
+import sys
+from lightspeed.parallel.launch import run_ranks
+sys.exit(run_ranks(2, [sys.executable, sys.argv[1], sys.argv[2]]))
+"""
+STOPPING_RANK = """
+import os, signal, sys, time
+flag = sys.argv[1]
+if os.environ["RANK"] == "0":
+    def stop(*_):
+        open(flag, "w").close()  # tells rank 1 to finish, as a server's stop message does
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    open(flag + ".ready", "w").close()
+    while True:
+        time.sleep(0.05)
+while not os.path.exists(flag):
+    time.sleep(0.05)
+open(flag + ".rank1", "w").close()
+"""
+
+
+def test_sigterm_to_the_launcher_stops_rank_0_first(tmp_path) -> None:
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    (tmp_path / "rank.py").write_text(STOPPING_RANK)
+    flag = tmp_path / "stop"
+    launcher = subprocess.Popen([sys.executable, str(tmp_path / "launch.py"), str(tmp_path / "rank.py"), str(flag)])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "stop.ready").exists():
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.3)  # both ranks are up
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 0  # every rank ended cleanly
+    assert (tmp_path / "stop.rank1").exists()  # rank 1 finished on rank 0's word, not by a signal
+
+
+def test_ranks_left_running_after_rank_0_succeeded_are_stopped(tmp_path, capfd) -> None:
+    script = tmp_path / "late.py"
+    script.write_text("import os, time\nif os.environ['RANK'] == '1':\n    time.sleep(120)\n")
+    t0 = time.monotonic()
+    assert run_ranks(2, [sys.executable, str(script)], stop_grace_s=1.0) == 1
+    assert time.monotonic() - t0 < 30
+    assert "rank(s) [1] of 2 still ran" in capfd.readouterr().err
