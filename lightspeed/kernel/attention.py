@@ -293,6 +293,26 @@ def match_attention(former) -> list[StreamingAttention]:
     return found
 
 
+COSTLY_OPS = (Op.SUM_REDUCE, Op.MAX_REDUCE, Op.SIN, Op.EXP2, Op.LOG2, Op.SQRT)
+
+
+def _costly(n: Node, limit: int = 4096) -> bool:
+    """Whether computing ``n`` from inputs and constants takes a reduction or a transcendental function: the
+    queries' projection and rotation are as large as the scores when the head width equals the number of
+    keys, but recomputing them for every score would cost a projection per score."""
+    seen: set[int] = set()
+    stack = [n]
+    while stack and len(seen) < limit:
+        x = stack.pop()
+        if x.id in seen or x.op in (Op.INPUT, Op.CONST):
+            continue
+        seen.add(x.id)
+        if x.op in COSTLY_OPS:
+            return True
+        stack.extend(s for s, _ in x.srcs)
+    return len(seen) >= limit
+
+
 def _private_nodes(former, atts: list[StreamingAttention]) -> set[int]:
     """Nodes only these kernels read: the softmax's nodes, and the nodes of the scores at least as large
     as a seq x seq score matrix (what a materialising plan would store)."""
@@ -303,14 +323,20 @@ def _private_nodes(former, atts: list[StreamingAttention]) -> set[int]:
         ch = a.chain
         private |= {n.id for n in ch.inner}
         big = _numel(ch.r.shape[-2:-1]) * max(sym.upper_bound(a.keys), 1)
-        stack = [ch.x]
+        # below the scores' own reduction (q . k over the head width), what is costly to compute (a projection,
+        # a rotation) is stored once rather than recomputed for every score: the queries are as large as the
+        # scores when the head width equals the number of keys
+        stack = [(ch.x, False)]
         while stack:
-            n = stack.pop()
+            n, below = stack.pop()
             if n.id in candidates or n.op in (Op.INPUT, Op.CONST):
+                continue
+            reduces = n.op in (Op.SUM_REDUCE, Op.MAX_REDUCE)
+            if below and _costly(n):
                 continue
             if n is ch.x or _numel(n.shape) >= big:
                 candidates[n.id] = n
-                stack.extend(s for s, _ in n.srcs)
+                stack.extend((s, below or reduces) for s, _ in n.srcs)
     # consumers come later in topological order: decide from the last node back
     order = {n.id: k for k, n in enumerate(former.nodes)}
     for n in sorted(candidates.values(), key=lambda n: -order.get(n.id, -1)):
