@@ -172,7 +172,9 @@ def test_16_concurrent_streams_equal_their_sequential_outputs(server) -> None:
     assert after["active"] == 0 and after["waiting"] == 0
     steps = after["steps"] - before["steps"]
     tokens = after["decoded_tokens"] - before["decoded_tokens"]
-    assert tokens > 1.5 * steps  # steps advanced several sequences at once
+    # steps advanced several sequences at once (prompts that arrive while others decode join a few tokens per
+    # step, chunked prefill, so these short replies overlap less than whole-prompt admission made them)
+    assert tokens > 1.25 * steps, (tokens, steps)
 
 
 def test_disconnect_frees_the_slot(server) -> None:

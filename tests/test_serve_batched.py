@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from tiny_gguf import write_tiny_llama
 
+from lightspeed.engine.batched import BatchedStep, supports
+from lightspeed.engine.scheduler import Engine, QueueFullError, SequentialStepper
+from lightspeed.engine.sequence import DONE, ERROR, TEXT, RequestOptions, Sequence
 from lightspeed.generate import Generation, SamplingParams
 from lightspeed.models import load_model
-from lightspeed.serve.batched import BatchedStep, supports
-from lightspeed.serve.engine import Engine, QueueFullError, SequentialStepper
-from lightspeed.serve.sequence import DONE, ERROR, TEXT, RequestOptions, Sequence
 
 CTX, MAX_BATCH, CHUNK = 96, 4, 16
 

@@ -1,6 +1,6 @@
 """Chunked prefill inside the batch: a long prompt is prefilled a chunk per engine turn while other sequences
-decode, cut at the same places however busy the engine is (so outputs equal sequential runs), and all at once
-when nothing else decodes. On a tiny random Llama, with the single-sequence program wrapped to record its
+decode (a fixed size, or sized to a decode step), in the program's largest chunks when nothing else decodes,
+with outputs equal to runs alone. On a tiny random Llama, with the single-sequence program wrapped to record its
 calls; and ``lightspeed serve`` with SmolLM2, where four running streams keep their pace (p99 gap under 3x
 their median gap before) while a client sends a ~1,500-token prompt."""
 from __future__ import annotations
@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from tiny_gguf import write_tiny_llama
 
+from lightspeed.engine.batched import BatchedStep
+from lightspeed.engine.chunking import MIN_AUTO_CHUNK, ChunkPolicy
+from lightspeed.engine.scheduler import Engine
+from lightspeed.engine.sequence import DONE, TEXT, RequestOptions, Sequence
 from lightspeed.models import load_model
 from lightspeed.prefix_cache import PrefixCache
-from lightspeed.serve.batched import BatchedStep
-from lightspeed.serve.engine import Engine
-from lightspeed.serve.sequence import DONE, TEXT, RequestOptions, Sequence
 
 CTX, MAX_BATCH, MAX_CHUNK, CHUNK = 160, 4, 32, 5
 
@@ -85,7 +86,6 @@ def test_long_prompt_interleaves_with_decoding(tiny) -> None:
     rng = np.random.default_rng(0)
     shorts = [_ids(rng, n) for n in (3, 7, 4)]
     long_prompt = _ids(rng, 71)
-    grid = [(p, min(CHUNK, 71 - p)) for p in range(0, 71, CHUNK)]  # 15 chunks, the last of one token
     eng, step = _engine(tiny)
     try:
         alone = []
@@ -97,7 +97,8 @@ def test_long_prompt_interleaves_with_decoding(tiny) -> None:
         seq, sink = _submit(eng, step, lm, long_prompt, 10)
         assert sink.done.wait(60) and sink.kind == DONE
         alone.append(seq.token_ids)
-        assert [(p, n) for p, n, _ in step.calls] == grid
+        # alone: chunks of the program's bound, back to back
+        assert [(p, n) for p, n, _ in step.calls] == [(0, 32), (32, 32), (64, 7)]
         running = [_submit(eng, step, lm, ids, 60) for ids in shorts]
         while min(len(s.marks) for _, s in running) < 3:
             time.sleep(0.001)
@@ -106,7 +107,7 @@ def test_long_prompt_interleaves_with_decoding(tiny) -> None:
         assert sink.done.wait(60) and all(s.done.wait(60) for _, s in running)
         assert [q.token_ids for q, _ in running] + [seq.token_ids] == alone
         chunks = step.calls[before:]
-        assert [(p, n) for p, n, _ in chunks] == grid  # cut at the same places as alone
+        assert [(p, n) for p, n, _ in chunks] == [(p, min(CHUNK, 71 - p)) for p in range(0, 71, CHUNK)]
         # exactly one decode step of the running streams after each chunk
         steps = [s for _, _, s in chunks]
         assert all(b == a + 1 for a, b in zip(steps, steps[1:])), steps
@@ -115,7 +116,65 @@ def test_long_prompt_interleaves_with_decoding(tiny) -> None:
         eng.stop(timeout=5)
 
 
-def test_chunks_end_on_the_grid_after_a_prefix_cache_hit(tiny) -> None:
+def test_auto_chunks_alternate_with_decode_steps(tiny) -> None:
+    """With the default (auto) size, a prompt arriving while others decode runs in chunks smaller than the
+    program's bound, each followed by a decode step, and the replies equal those of runs alone."""
+    lm = tiny[0]
+    rng = np.random.default_rng(2)
+    short, long_prompt = _ids(rng, 5), _ids(rng, 120)
+    eng, step = _engine(tiny, chunk=None)
+    try:
+        assert eng.stats()["prefill_chunk"] == "auto"
+        want = []
+        for ids, m in ((short, 100), (long_prompt, 8)):
+            seq, sink = _submit(eng, step, lm, ids, m)
+            assert sink.done.wait(60)
+            want.append(seq.token_ids)
+        running, stream = _submit(eng, step, lm, short, 100)
+        while len(stream.marks) < 3:
+            time.sleep(0.001)
+        before = len(step.calls)
+        seq, sink = _submit(eng, step, lm, long_prompt, 8)
+        assert sink.done.wait(60) and stream.done.wait(60)
+        assert [running.token_ids, seq.token_ids] == want
+        chunks = step.calls[before:]
+        assert sum(n for _, n, _ in chunks) == len(long_prompt) and len(chunks) > len(long_prompt) // MAX_CHUNK + 1
+        assert [p for p, _, _ in chunks] == list(np.cumsum([0] + [n for _, n, _ in chunks[:-1]]))
+        # a decode step after each chunk while the stream runs; once it has finished, the rest back to back
+        diffs = [b - a for (_, _, a), (_, _, b) in zip(chunks, chunks[1:])]
+        assert diffs[:5] == [1] * 5 and set(diffs) <= {0, 1}, diffs
+        assert 0 not in diffs or (min(diffs[diffs.index(0):]) == max(diffs[diffs.index(0):]) == 0), diffs
+    finally:
+        eng.stop(timeout=5)
+
+
+def test_chunk_policy_sizes_chunks_to_a_decode_step() -> None:
+    def call(n: int, fixed: float, per_token: float) -> None:
+        policy.prefilled(n, fixed + per_token * n)
+
+    policy = ChunkPolicy(max_chunk=128)
+    assert policy.size(alone=True) == 128 and policy.size(alone=False) == MIN_AUTO_CHUNK
+    policy.decoded(0.020)
+    call(8, 0.0, 0.005)                                # one size seen: all of it counted per token
+    assert policy.size(alone=False) == 4
+    for n in (128, 128, 7, 4, 128, 5):                 # 8 ms a call + 4 ms a token, steps of 20 ms: 3 -> 4
+        call(n, 0.008, 0.004)
+    assert policy.call_cost() == pytest.approx((0.008, 0.004), rel=0.05)
+    for _ in range(40):                                # the batch grew: steps of 48 ms -> 10 tokens
+        policy.decoded(0.048)
+    assert policy.size(alone=False) == 10
+    tiny = ChunkPolicy(max_chunk=64)                   # a call costs what a step does; tokens are nearly free
+    for n in (64, 3, 64, 12):
+        tiny.prefilled(n, 30e-6 + 0.2e-6 * n)
+    tiny.decoded(40e-6)
+    assert tiny.size(alone=False) == 50
+    assert ChunkPolicy(64, chunk=100).size(alone=False) == 64 and ChunkPolicy(64, chunk=3).size(False) == 3
+    assert ChunkPolicy(64, chunk=3, share=0.5).size(alone=True) == 64
+
+
+def test_chunks_after_a_prefix_cache_hit(tiny) -> None:
+    """A prompt whose beginning is cached, arriving while another sequence decodes, prefills the rest in
+    chunks from the end of the cached blocks and replies as without the cache."""
     lm = tiny[0]
     rng = np.random.default_rng(1)
     system = _ids(rng, 40)
@@ -124,11 +183,14 @@ def test_chunks_end_on_the_grid_after_a_prefix_cache_hit(tiny) -> None:
     try:
         first, sink = _submit(eng, step, lm, system + _ids(rng, 9), 5)
         assert sink.done.wait(60)
-        step.calls.clear()
+        _, stream = _submit(eng, step, lm, _ids(rng, 4), 100)
+        while len(stream.marks) < 2:
+            time.sleep(0.001)
+        before = len(step.calls)
         prompt = system + _ids(rng, 13)
         seq, sink = _submit(eng, step, lm, prompt, 8)
-        assert sink.done.wait(60) and seq.cached_tokens == 40
-        assert [(p, n) for p, n, _ in step.calls] == [(40, 2), (42, 6), (48, 5)]  # 42 and 48 are multiples of 6
+        assert sink.done.wait(60) and seq.cached_tokens == 40 and stream.done.wait(60)
+        assert [(p, n) for p, n, _ in step.calls[before:]] == [(40, 6), (46, 6), (52, 1)]
         ref, sink = _submit(plain, plain_step, lm, prompt, 8)
         assert sink.done.wait(60) and ref.token_ids == seq.token_ids
     finally:
@@ -138,9 +200,10 @@ def test_chunks_end_on_the_grid_after_a_prefix_cache_hit(tiny) -> None:
 
 def test_prefill_chunk_is_checked_and_bounded(tiny) -> None:
     _, single, batched = tiny
-    with pytest.raises(ValueError, match="prefill_chunk"):
-        Engine(single, batched, prefill_chunk=0)
-    assert Engine(single, batched, prefill_chunk=1000).prefill_chunk == MAX_CHUNK
+    for bad in (0, -3, 2.5, "8"):
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            Engine(single, batched, prefill_chunk=bad)
+    assert Engine(single, batched, prefill_chunk=1000).stats()["prefill_chunk"] == MAX_CHUNK
 
 
 # the server -------------------------------------------------------------------------------------------

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from tiny_gguf import write_tiny_llama
 
+from lightspeed.engine.batched import BatchedStep
+from lightspeed.engine.scheduler import Engine
+from lightspeed.engine.sequence import DONE, RequestOptions, Sequence
 from lightspeed.models import load_model
 from lightspeed.prefix_cache import PrefixCache
-from lightspeed.serve.batched import BatchedStep
-from lightspeed.serve.engine import Engine
-from lightspeed.serve.sequence import DONE, RequestOptions, Sequence
 
 CTX, MAX_BATCH, CHUNK, BLOCK = 128, 3, 16, 8
 

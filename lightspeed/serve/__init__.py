@@ -12,15 +12,13 @@ Modules, in the order a request meets them:
 - ``common``: what every endpoint shares: server state, auth, bounded body reads, the token budget;
 - ``protocol``: strict validation of the request bodies;
 - ``streams``: a request's ``n`` choices on the engine, server-sent events, cancelling on disconnect;
-- ``logprobs``: token log-probabilities and the token texts and bytes they are reported with;
+- ``logprobs``: how token log-probabilities are reported: the token texts and bytes, per endpoint;
 - ``constraints``: response formats and tool calls (``lightspeed.structured``): grammars, prompts, replies;
 - ``anthropic``: Anthropic's Messages API (``/v1/messages``) on the same engine, with its events and errors;
-- ``engine``: the scheduler thread that owns every native call (prefill chunks, batched steps,
-  embeddings), packs sequences into cache slots, queues and cancels, prepares grammar masks during
-  steps and reuses cached prompt prefixes (``lightspeed.prefix_cache``);
-- ``sequence``: one request's sampling, stop handling and incremental detokenizing;
-- ``batched``: the batched decode step graph (one native call advances every active sequence);
 - ``server`` / ``cli``: loading, uvicorn, graceful shutdown, the ``serve`` subcommand.
+
+The engine that runs the requests (scheduling, cache slots, batched steps, chunked prefill, prefix cache,
+sampling under grammar masks) is ``lightspeed.engine``; nothing here builds a graph.
 
 Nothing is imported here, so that ``lightspeed --help`` stays quick; import the modules.
 """

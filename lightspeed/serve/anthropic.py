@@ -30,13 +30,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field, field_validator, model_validator
 from starlette.concurrency import run_in_threadpool
 
+from ..engine.sequence import ERROR, TEXT, RequestOptions, Sequence
 from ..generate import SamplingParams
 from ..structured import CompiledGrammar
 from ..structured.tools import Tool, ToolCall
 from .common import ServerState, check_model, new_id, parse_body, token_budget
 from .constraints import ToolPlan, ToolReply, plan_tools, tool_prompt
 from .protocol import MAX_STOP_CHARS, APIError, _Strict
-from .sequence import ERROR, TEXT, RequestOptions, Sequence
 from .streams import Choices, sse, streaming_response
 
 MAX_STOP_SEQUENCES = 16

@@ -24,16 +24,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..engine.scheduler import EngineStoppedError
+from ..engine.sequence import ERROR, LOGPROBS, TEXT, RequestOptions
 from ..generate import SamplingParams
 from . import anthropic
 from ..structured import CompiledGrammar
 from .common import ServerState, check_auth, check_model, new_id, parse_body, token_budget
 from .constraints import ToolReply, plan_tools, response_grammar, tool_prompt
-from .engine import EngineStoppedError
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from .page import add_chat_page
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
-from .sequence import ERROR, LOGPROBS, TEXT, RequestOptions
 from .streams import Choices, sse, streaming_response
 
 __all__ = ["ServerState", "create_app"]

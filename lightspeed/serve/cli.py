@@ -6,7 +6,7 @@ import sys
 
 from ..cli_generate import (add_activations_argument, add_backend_argument, add_kv_cache_argument, check_backend,
                             check_context)
-from .engine import DEFAULT_PREFILL_CHUNK
+from ..engine.scheduler import DEFAULT_PREFILL_CHUNK
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -39,6 +39,10 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _chunk(text: str) -> int | None:
+    return DEFAULT_PREFILL_CHUNK if text == "auto" else _positive(text)
 
 
 def _non_negative(text: str) -> int:
@@ -83,9 +87,10 @@ def add_serve(sub) -> None:
     p.add_argument("--prefix-cache-mb", type=_non_negative, default=256,
                    help="MiB of cached KV rows of shared prompt prefixes (system prompts, earlier turns) that later "
                         "requests reuse instead of prefilling again; 0 turns it off (256)")
-    p.add_argument("--prefill-chunk", type=_positive, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
-                   help="prompt tokens prefilled per step while other requests decode: smaller keeps their streams "
-                        f"steadier while a long prompt arrives, larger prefills it sooner ({DEFAULT_PREFILL_CHUNK})")
+    p.add_argument("--prefill-chunk", type=_chunk, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
+                   help="prompt tokens prefilled per decode step while other requests decode: smaller keeps their "
+                        "streams steadier while a long prompt arrives, larger prefills it sooner; auto (the default) "
+                        "sizes each chunk to take about one decode step")
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     limits = p.add_argument_group("connection limits (slow or idle clients are disconnected)")

@@ -13,10 +13,10 @@ from typing import Any
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
+from ..engine.scheduler import Engine
 from ..io.errors import ChatTemplateLimitError
 from ..io.template_limits import TemplateLimits
 from ..structured import GrammarCompiler, GrammarLimits
-from .engine import Engine
 from .logprobs import TokenText
 from .protocol import APIError, parse_json_body, validate
 

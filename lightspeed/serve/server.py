@@ -20,10 +20,10 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ..engine.factory import build_engine
+from ..engine.scheduler import DEFAULT_PREFILL_CHUNK
 from ..io.template_limits import TemplateLimits
-from ..prefix_cache import PrefixCache
 from ..structured import GrammarLimits
-from .engine import DEFAULT_PREFILL_CHUNK, Engine, SequentialStepper
 
 
 @dataclass
@@ -55,7 +55,7 @@ class ServeOptions:
     template_seconds: float = 5.0        # wall-clock bound of one chat-template render
     max_schema_bytes: int = 32 * 1024    # a response_format schema or grammar, or a request's tool schemas
     prefix_cache_mb: int = 256           # KV rows of shared prompt prefixes kept for reuse (0: no prefix cache)
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens prefilled per step while other sequences decode
+    prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens per step while others decode (None: auto)
 
 
 def model_name(path: str) -> str:
@@ -77,7 +77,6 @@ def build_state(opts: ServeOptions):
     from ..api import load
     from ..cli_generate import activation_options, kv_cache_options
     from .app import ServerState
-    from .batched import BatchedStep, supports
     if opts.max_batch < 1:
         raise ValueError(f"--max-batch must be >= 1, got {opts.max_batch}")
     if opts.threads is not None and opts.backend == "c":
@@ -88,15 +87,9 @@ def build_state(opts: ServeOptions):
     model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options,
                  **kv_cache_options(opts.kv_cache))
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
-    if supports(model.lm):
-        t0 = time.perf_counter()
-        # the batched step shares the caches with the single-sequence program (prefill): the same type
-        stepper = BatchedStep(model.lm, model.step.ctx, opts.max_batch, backend=opts.backend,
-                              kv_dtype=model.step.kv_dtype, **options)
-        _log(f"compiled the batched step (up to {opts.max_batch} sequences) in {time.perf_counter() - t0:.1f} s")
-    else:
-        stepper = SequentialStepper(model.step, opts.max_batch)
-        _log(f"{type(model.lm).__name__} has no batched step: sequences decode one call each")
+    engine = build_engine(model, opts.max_batch, backend=opts.backend, options=options,
+                          prefix_cache_mb=opts.prefix_cache_mb, prefill_chunk=opts.prefill_chunk,
+                          max_queue=opts.max_queue, log=_log)
     embedder, embed_id = None, None
     if opts.embed_model:
         from ..embed import default_embedder_path, load_embedder
@@ -104,9 +97,6 @@ def build_state(opts: ServeOptions):
         embedder = load_embedder(path, backend=opts.backend)
         embed_id = "all-MiniLM-L6-v2" if opts.embed_model == "default" else model_name(path)
         _log(f"embedding model {embed_id} ({embedder.dim} dimensions)")
-    cache = PrefixCache(opts.prefix_cache_mb << 20) if opts.prefix_cache_mb > 0 else None
-    engine = Engine(model.step, stepper, max_queue=opts.max_queue, prefix_cache=cache,
-                    prefill_chunk=opts.prefill_chunk)
     engine.start()
     return ServerState(model=model, model_id=opts.name or model_name(model.path), engine=engine,
                        embedder=embedder, embed_id=embed_id, api_key=opts.api_key,
@@ -122,7 +112,7 @@ def check_limits(opts: ServeOptions) -> None:
         value = getattr(opts, name)
         if not value > 0:
             raise ValueError(f"{name} must be positive, got {value!r}")
-    if not opts.prefill_chunk >= 1:
+    if opts.prefill_chunk is not None and not opts.prefill_chunk >= 1:
         raise ValueError(f"prefill_chunk must be >= 1, got {opts.prefill_chunk!r}")
     if not opts.prefix_cache_mb >= 0:
         raise ValueError(f"prefix_cache_mb must be >= 0, got {opts.prefix_cache_mb!r}")

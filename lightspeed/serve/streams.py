@@ -16,11 +16,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from ..engine.logprobs import TokenLogprob
+from ..engine.scheduler import EngineStoppedError, QueueFullError
+from ..engine.sequence import DONE, ERROR, TEXT, RequestOptions, Sequence
 from .common import ServerState
-from .engine import EngineStoppedError, QueueFullError
-from .logprobs import TokenLogprob
 from .protocol import APIError
-from .sequence import DONE, ERROR, TEXT, RequestOptions, Sequence
 
 
 async def wait_disconnect(request: Request) -> None:

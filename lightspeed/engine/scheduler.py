@@ -5,17 +5,14 @@ Each turn of its loop:
 1. drops cancelled sequences (a client that went away frees its slot before the next step);
 2. runs queued jobs (embeddings) — native programs share one thread pool, so they never run
    concurrently with a step;
-3. admits a waiting sequence into a free slot and prefills its prompt in chunks of ``prefill_chunk``
-   tokens: while other sequences decode, ONE chunk per turn, so a long prompt delays each of their
-   tokens by one chunk's time only (chunked prefill inside the batch); when nothing decodes, every
-   chunk back to back (nobody waits for them);
+3. prefills prompts. While other sequences decode, a turn runs at most ``chunks.size`` prompt tokens
+   (chunked prefill inside the batch; ``lightspeed.engine.chunking`` sizes them, by default to about one
+   decode step's time): the rest of the prompt being prefilled, then, while slots are free, the next
+   waiting ones, so a long prompt delays each running stream's token by one chunk only and short prompts
+   join the batch together. When nothing decodes, a prompt runs in the program's ``max_chunk`` chunks,
+   back to back;
 4. runs one batched decode step over every decoding sequence (``stepper.run``): a new sequence
    joins the batch once its prompt is prefilled, a finished one leaves.
-
-Chunks end at multiples of ``prefill_chunk`` (positions counted from the prompt's start, also after a
-prefix-cache hit), so a prompt is always cut at the same places, however busy the engine is: its cache
-rows, and so its greedy output, do not depend on what else runs (the batched step makes the same promise
-for decode rows).
 
 Slots stay packed: decoding sequences hold slots ``0 .. D-1`` (row ``b`` of a step is slot
 ``b``) and the one being prefilled holds slot ``D``. When a sequence leaves, the sequence in the
@@ -31,7 +28,7 @@ cached rows of the longest cached prefix of its prompt (all but its last token, 
 and prefills only the rest; once its prompt is prefilled its full blocks are stored, and when it leaves
 the rows of everything it generated are too (the next turn of a chat starts with them).
 
-Steppers: ``BatchedStep`` (lightspeed.serve.batched) for model families with a batched forward;
+Steppers: ``BatchedStep`` (lightspeed.engine.batched) for model families with a batched forward;
 ``SequentialStepper`` (one single-sequence call per sequence per step) for the others.
 """
 from __future__ import annotations
@@ -47,6 +44,7 @@ import numpy as np
 
 from ..prefix_cache import PrefixCache
 from ..structured import MaskWorker
+from .chunking import ChunkPolicy
 from .sequence import Sequence
 
 
@@ -78,20 +76,19 @@ class SequentialStepper:
         return np.stack(rows)
 
 
-DEFAULT_PREFILL_CHUNK = 8  # prompt tokens per turn while others decode (benchmarks/README.md, "Serving")
+DEFAULT_PREFILL_CHUNK = None  # prompt tokens per turn while others decode: sized to a decode step (chunking.py)
 
 
 class Engine:
     """Runs sequences on ``step`` (the single-sequence program, for prefill) and ``stepper`` (decode);
-    prompts are prefilled ``prefill_chunk`` tokens at a time (at most the program's ``max_chunk``)."""
+    while others decode, prompts are prefilled ``prefill_chunk`` tokens per step (None: sized to take about
+    one decode step's time; see lightspeed.engine.chunking)."""
 
     def __init__(self, step, stepper, max_queue: int = 64, prefix_cache: PrefixCache | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+                 prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK):
         if getattr(step, "kv_update", "rows") != "rows":
             raise ValueError("the engine prefills into slot views, which needs kv_update='rows'")
-        if type(prefill_chunk) is not int or prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be a positive number of tokens, got {prefill_chunk!r}")
-        self.prefill_chunk = min(prefill_chunk, step.max_chunk)
+        self.chunks = ChunkPolicy(step.max_chunk, prefill_chunk)
         self.step, self.stepper = step, stepper
         # rows are reused by position, so every cache must hold one row per position of the slot
         caches = stepper.slot_caches(0)
@@ -158,7 +155,7 @@ class Engine:
             return {"active": len(self.slots), "waiting": len(self.waiting), "max_batch": self.max_batch,
                     "steps": self.steps, "decoded_tokens": self.decoded_tokens,
                     "prefilled_tokens": self.prefilled_tokens, "prefill_chunks": self.prefill_chunks,
-                    "prefill_chunk": self.prefill_chunk, "decode_seconds": round(self.step_seconds, 3),
+                    "prefill_chunk": self.chunks.describe(), "decode_seconds": round(self.step_seconds, 3),
                     "prefill_seconds": round(self.prefill_seconds, 3),
                     "grammar_masks": masks.masks if masks else 0,
                     "grammar_mask_seconds": round(masks.seconds, 4) if masks else 0.0,
@@ -249,29 +246,52 @@ class Engine:
                     fut.set_exception(e)
 
     def _prefill(self) -> None:
-        """Admit a waiting sequence when a slot is free and nothing is mid-prefill; run one chunk of its
-        prompt, or all of them while no other sequence decodes."""
-        filling = self.slots[-1] if self.slots and self.slots[-1].next_token is None else None
-        if filling is None and len(self.slots) < self.max_batch:
-            with self._cond:
-                seq = self.waiting.popleft() if self.waiting else None
-            if seq is not None:
-                seq.slot, seq.pos = len(self.slots), 0
-                if self.prefix_cache is not None:  # the last prompt token always runs: its logits are needed
-                    seq.pos = seq.cached_tokens = self.prefix_cache.load(
-                        seq.prompt_ids, self.stepper.slot_caches(seq.slot), limit=len(seq.prompt_ids) - 1)
-                self.slots.append(seq)
-                filling = seq
-        if filling is None:
-            return
-        alone = len(self.slots) == 1  # nobody decodes: nothing waits between chunks
-        while self._prefill_chunk(filling) and alone and not (filling.cancelled or self.jobs or self._halt):
-            pass
+        """Prefill prompts for one turn. While other sequences decode, the turn may run ``chunks.size`` prompt
+        tokens: the rest of the prompt being prefilled, then (a slot free) the next waiting ones, so short
+        prompts join the batch together; a long one stops at the budget and goes on next turn. While nothing
+        decodes, the whole prompt runs (nobody waits for it)."""
+        budget = None  # prompt tokens left to this turn
+        while True:
+            filling = self._filling() or self._admit()
+            if filling is None:
+                return
+            if len(self.slots) == 1:  # nobody decodes
+                while self._prefill_chunk(filling, self.chunks.size(alone=True)):
+                    if filling.cancelled or self.jobs or self._halt:  # seen by the next turn
+                        return
+                continue
+            if budget is None:
+                budget = self.chunks.size(alone=False)
+            if budget <= 0:
+                return
+            n = min(budget, len(filling.prefill_left))
+            budget -= n
+            if self._prefill_chunk(filling, n):
+                return  # the budget ran out inside this prompt
 
-    def _prefill_chunk(self, filling: Sequence) -> bool:
-        """Run the next chunk of ``filling``'s prompt; True while chunks are left to run."""
-        c = self.prefill_chunk
-        chunk = filling.prompt_ids[filling.pos:(filling.pos // c + 1) * c]  # ends at a multiple of c
+    def _filling(self) -> Sequence | None:
+        """The sequence whose prompt is being prefilled (it holds the highest slot), if any."""
+        return self.slots[-1] if self.slots and self.slots[-1].next_token is None and \
+            self.slots[-1].finish_reason is None else None
+
+    def _admit(self) -> Sequence | None:
+        """Move the oldest waiting sequence into the next free slot (its cached prefix copied in), if any."""
+        if len(self.slots) >= self.max_batch:
+            return None
+        with self._cond:
+            seq = self.waiting.popleft() if self.waiting else None
+        if seq is None:
+            return None
+        seq.slot, seq.pos = len(self.slots), 0
+        if self.prefix_cache is not None:  # the last prompt token always runs: its logits are needed
+            seq.pos = seq.cached_tokens = self.prefix_cache.load(
+                seq.prompt_ids, self.stepper.slot_caches(seq.slot), limit=len(seq.prompt_ids) - 1)
+        self.slots.append(seq)
+        return seq
+
+    def _prefill_chunk(self, filling: Sequence, size: int) -> bool:
+        """Run the next ``size`` tokens (at most) of ``filling``'s prompt; True while tokens are left to run."""
+        chunk = filling.prefill_left[:size]
         last = len(chunk) == len(filling.prefill_left)
         # the first token's mask is prepared while the last chunk runs
         job = self._start_masks([filling] if last else [])
@@ -283,8 +303,10 @@ class Engine:
             self._release([filling])
             return False
         finally:
-            self.prefill_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.prefill_seconds += seconds
             self._wait_masks(job)
+        self.chunks.prefilled(len(chunk), seconds)
         self.prefill_chunks += 1
         filling.pos += len(chunk)
         self.prefilled_tokens += len(chunk)
@@ -307,8 +329,10 @@ class Engine:
         try:
             logits = self.stepper.run([s.next_token for s in batch], [s.pos for s in batch])
         finally:
-            self.step_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            self.step_seconds += seconds
             self._wait_masks(job)
+        self.chunks.decoded(seconds)
         self.steps += 1
         self.decoded_tokens += len(batch)
         done = []

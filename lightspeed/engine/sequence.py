@@ -7,7 +7,7 @@ UTF-8-safe detokenizer, in the same order) so that a served greedy reply equals
 ``lightspeed generate``'s. OpenAI's ``logit_bias`` and presence/frequency penalties adjust the
 logits before the sampler sees them.
 
-With ``logprobs`` set, each sampled token's log-probabilities (``lightspeed.serve.logprobs``) are sent
+With ``logprobs`` set, each sampled token's log-probabilities (``lightspeed.engine.logprobs``) are sent
 as a LOGPROBS event just before the TEXT event whose text holds that token's first character; tokens
 that fall inside a stop string (whose text is cut) are not reported.
 

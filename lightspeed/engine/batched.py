@@ -1,0 +1,204 @@
+"""A batched decode step: one native call advances every active sequence by one token.
+
+The single-sequence step program (``CausalLM.compile``) runs ``seq`` tokens of ONE sequence at
+positions ``pos ..``. Serving many requests at once needs the transpose: one token of each of
+``B`` sequences, every sequence at its own position. This module builds that graph:
+
+- inputs ``tokens [B]`` and ``positions [B]`` (int32), ``B`` a symbolic dim ``batch`` in
+  ``1 .. max_batch``; a dim ``keys`` (the longest sequence's length after this step, i.e.
+  ``max(positions) + 1``) bounds how many cache rows attention reads;
+- caches ``k<i>``/``v<i>`` of shape ``[max_batch * ctx, kv_heads, head_dim]``: slot ``s`` owns
+  rows ``s*ctx .. s*ctx+ctx-1``. Row ``b`` of the batch lives in slot ``b`` (the scheduler keeps
+  the active sequences packed in slots ``0 .. B-1``). The new key/value rows are written with
+  Scatter at rows ``b*ctx + positions[b]``; the caches are donated, so the C backend writes them
+  in place;
+- RoPE with per-row positions, and attention of each row over keys ``0 .. keys-1`` of its own
+  slot (a view of the updated cache, no gather), masked to ``j <= positions[b]``.
+
+A row's result must not depend on which other rows share its step (batching must not change
+greedy output). Masked keys add exact zeros to the softmax, but the attention kernel's sums are
+vectorised over blocks of keys, and how a partial block is summed depends on its length. So
+``keys`` is rounded up to a multiple of ``KEY_BLOCK`` (the kernel's block of keys): every block
+a row sees is whole, and the extra all-masked blocks add exact zeros. A row is then bit-identical
+whether it runs alone or with others (tested). It may differ in the last bits from the
+single-sequence program, which sums exactly ``pos + 1`` keys.
+
+Prefill of a new request runs through the model's single-sequence program directly on its
+slot: ``slot_caches(s)`` are ``[ctx, kv_heads, head_dim]`` views of the batched caches, which
+that program (``kv_update="rows"``) reads and writes in place, so no rows are copied.
+
+Only the Llama family has a batched forward here (``BATCHED_FORWARDS``); ``supports(lm)`` says
+whether a model has one.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import dtypes as dt
+from .. import symbolic as sym
+from ..frontend import rms_norm, rope, scaled_dot_product_attention
+from ..graph import Graph
+from ..models.base import CausalLM, with_kv_dtype
+from ..models.llama import Llama
+from ..tensor import Tensor
+
+KEY_BLOCK = 32  # keys per streamed block of the C attention kernel (backend/c/attention.py KEYS)
+
+
+class BatchedKV:
+    """The batched caches as a forward pass sees them: ``append(name, rows [B, ...])`` scatters the
+    rows at ``b*ctx + positions[b]`` and returns each row's keys ``[B, keys, ...]`` (its own slot's
+    rows ``0 .. keys-1``); ``visible [B, keys]`` masks the keys past each row's position."""
+
+    def __init__(self, g: Graph, names: list[str], row_shape: tuple[int, ...], ctx: int, max_batch: int,
+                 batch: sym.Var, keys: sym.Var, positions: Tensor, kv_dtype: dt.DType = dt.float32):
+        self.g, self.ctx, self.max_batch, self.batch, self.keys = g, ctx, max_batch, batch, keys
+        self.row_shape = row_shape
+        self.positions = positions
+        self.inputs = {n: g.input(n, (max_batch * ctx,) + row_shape, kv_dtype) for n in names}
+        self.outputs: dict[str, Tensor] = {}
+        self.rows = g.iota(batch) * ctx + positions                              # [B] flat cache rows
+        self.visible = g.iota(keys).reshape((1, keys)) <= positions.reshape((batch, 1))  # [B, keys]
+
+    def append(self, name: str, rows: Tensor) -> Tensor:
+        if name in self.outputs:
+            raise ValueError(f"cache {name!r} was appended to twice in one forward pass")
+        cache = self.inputs[name]
+        updated = cache.scatter(self.rows, rows.cast(cache.dtype))
+        self.outputs[name] = updated
+        per_slot = updated.reshape((self.max_batch, self.ctx) + self.row_shape)
+        rest = [None] * len(self.row_shape)
+        # a float16 cache is read through a cast back to float32, as in KVAppend
+        return per_slot.shrink([(0, self.batch), (0, self.keys)] + rest).cast(dt.float32)
+
+
+# the Llama family's batched forward -------------------------------------------------------------------
+def _llama_attention(lm: Llama, g: Graph, h: Tensor, i: int, kv: BatchedKV) -> Tensor:
+    c = lm.config
+    b = h.shape[0]
+    p = f"blk.{i}."
+
+    def rotate(x: Tensor) -> Tensor:  # x [B, heads, head_dim], row b at positions[b]
+        return rope(x, kv.positions, theta=c.rope_theta, interleaved=c.rope_interleaved, inv_freq=c.rope_inv_freq)
+
+    q = rotate(lm._linear(g, h, p + "attn_q").reshape((b, c.n_heads, c.head_dim)))
+    k = rotate(lm._linear(g, h, p + "attn_k").reshape((b, c.n_kv_heads, c.head_dim)))
+    v = lm._linear(g, h, p + "attn_v").reshape((b, c.n_kv_heads, c.head_dim))
+    keys = kv.append(f"k{i}", k).permute(0, 2, 1, 3)                         # [B, kv_heads, keys, head_dim]
+    values = kv.append(f"v{i}", v).permute(0, 2, 1, 3)
+    mask = kv.visible.reshape((b, 1, 1, kv.keys))
+    # the query heads that share a KV head are the query rows of one attention problem (head h
+    # uses KV head h // rep, as in grouped-query attention): the attention kernel then stages
+    # each block of keys once for all of them instead of once per head
+    rep = c.n_heads // c.n_kv_heads
+    grouped = q.reshape((b, c.n_kv_heads, rep, c.head_dim)).contiguous()  # rotated once, not per key block
+    out = scaled_dot_product_attention(grouped, keys, values, mask)             # [B, kv_heads, rep, head_dim]
+    out = out.reshape((b, c.n_heads * c.head_dim)).contiguous()
+    return lm._linear(g, out, p + "attn_output")
+
+
+def llama_batched_forward(lm: Llama, g: Graph, tokens: Tensor, kv: BatchedKV) -> Tensor:
+    """Hidden states ``[B, hidden]`` of one token per sequence (the same blocks as ``Llama.forward``)."""
+    c = lm.config
+    x = lm.weights.rows(g, "token_embd.weight", tokens)
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        x = x + _llama_attention(lm, g, rms_norm(x, lm._w(g, p + "attn_norm.weight"), c.rms_norm_eps), i, kv)
+        x = x + lm.mlp(g, rms_norm(x, lm._w(g, p + "ffn_norm.weight"), c.rms_norm_eps), i)
+    return rms_norm(x, lm._w(g, "output_norm.weight"), c.rms_norm_eps)
+
+
+# model class -> its batched forward; a family without one is served one sequence at a time
+BATCHED_FORWARDS: dict[type, Callable[..., Tensor]] = {Llama: llama_batched_forward}
+
+
+def supports(lm: CausalLM) -> bool:
+    """Whether ``lm``'s family has a batched decode step."""
+    return type(lm) in BATCHED_FORWARDS
+
+
+def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = "float32",
+                  ) -> tuple[Graph, list[Tensor], list[str]]:
+    """The batched step graph: outputs ``[logits [B, vocab], *updated caches]``; the cache names.
+    ``kv_dtype`` ("float32" or "float16") is the caches' element type."""
+    forward = BATCHED_FORWARDS.get(type(lm))
+    if forward is None:
+        raise ValueError(f"no batched decode step for {type(lm).__name__} models (supported: "
+                         f"{', '.join(t.__name__ for t in BATCHED_FORWARDS)})")
+    if ctx < 1 or max_batch < 1:
+        raise ValueError(f"build_batched: ctx ({ctx}) and max_batch ({max_batch}) must be positive")
+    specs = with_kv_dtype(lm.cache_specs(ctx), kv_dtype)
+    row_shape = tuple(specs[0].shape[1:])
+    if any(tuple(s.shape[1:]) != row_shape or s.shape[0] != ctx for s in specs):
+        raise ValueError("build_batched: every cache must have the same row shape and ctx rows")
+    g = Graph()
+    batch = sym.dim("batch", 1, max_batch)
+    keys = sym.dim("keys", 1, ctx)
+    tokens = g.input("tokens", (batch,), dt.int32)
+    positions = g.input("positions", (batch,), dt.int32)
+    names = [s.name for s in specs]
+    kv = BatchedKV(g, names, row_shape, ctx, max_batch, batch, keys, positions, specs[0].dtype)
+    hidden = forward(lm, g, tokens, kv)
+    logits = lm.lm_head(g, hidden)
+    return g, [logits] + [kv.outputs[n] for n in names], names
+
+
+class BatchedStep:
+    """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each)."""
+
+    def __init__(self, lm: CausalLM, ctx: int, max_batch: int, backend: str = "c", kv_dtype: str = "float32",
+                 **options):
+        t0 = time.perf_counter()
+        g, outputs, names = build_batched(lm, ctx, max_batch, kv_dtype)
+        t1 = time.perf_counter()
+        self.program = g.compile(outputs, backend=backend, donate=names, **options)
+        self.build_seconds, self.compile_seconds = t1 - t0, time.perf_counter() - t1
+        self.ctx, self.max_batch, self.names = ctx, max_batch, names
+        self.vocab_size = lm.config.vocab_size
+        first = g.inputs[names[0]]
+        # zero pages: memory is only touched as slots fill
+        self.caches = {n: np.zeros(tuple(first.shape), dtype=first.dtype.np) for n in names}
+        self._views: list[dict[str, np.ndarray] | None] = [None] * max_batch
+
+    def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
+        """Views ``[ctx, ...]`` of slot ``slot`` in every cache (the layout the single-sequence
+        program takes; writes through them land in the batched caches)."""
+        if not 0 <= slot < self.max_batch:
+            raise ValueError(f"slot {slot} is outside 0..{self.max_batch - 1}")
+        # the same views every time: the single-sequence program checks a set of cache arrays once
+        # (lightspeed.row_step), so new views per prefill chunk would cost that check every chunk
+        views = self._views[slot]
+        if views is None:
+            lo = slot * self.ctx
+            views = self._views[slot] = {n: a[lo:lo + self.ctx] for n, a in self.caches.items()}
+        return views
+
+    def move_slot(self, src: int, dst: int, rows: int) -> None:
+        """Copy the first ``rows`` rows of slot ``src`` into slot ``dst`` (packing after a sequence leaves)."""
+        s, d = src * self.ctx, dst * self.ctx
+        for a in self.caches.values():
+            a[d:d + rows] = a[s:s + rows]
+
+    def run(self, tokens, positions) -> np.ndarray:
+        """One token per sequence: row ``b`` (token ``tokens[b]`` at ``positions[b]``) uses slot ``b``.
+        Returns the logits ``[B, vocab]``; the caches are updated in place."""
+        ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        n = ids.shape[0]
+        if not 1 <= n <= self.max_batch or pos.shape[0] != n:
+            raise ValueError(f"run: {n} tokens and {pos.shape[0]} positions; a step takes 1 to {self.max_batch} "
+                             "sequences, one position each")
+        if pos.min() < 0 or pos.max() >= self.ctx:
+            raise ValueError(f"run: positions {pos.min()}..{pos.max()} exceed the context bound of {self.ctx}")
+        if ids.min() < 0 or ids.max() >= self.vocab_size:
+            raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
+        keys = min(-(-(int(pos.max()) + 1) // KEY_BLOCK) * KEY_BLOCK, self.ctx)  # whole blocks (see module doc)
+        outs = self.program(dims={"keys": keys}, tokens=ids, positions=pos, **self.caches)
+        for name, updated in zip(self.names, outs[1:]):
+            if updated is not self.caches[name]:  # a backend that did not write in place
+                self.caches[name] = updated
+                self._views = [None] * self.max_batch
+        return outs[0]

@@ -1,0 +1,89 @@
+"""How many prompt tokens the engine prefills per turn: chunked prefill inside the batch.
+
+A prompt admitted while other sequences decode is prefilled a chunk per turn, between their decode
+steps, so each of their tokens waits for one chunk at most. A chunk's size trades their pace against the
+new prompt's time to first token: every token of a chunk costs about as much compute as a decode row, so
+a 16-token chunk can take several times a small batch's decode step.
+
+``ChunkPolicy(max_chunk, chunk)``:
+
+- ``chunk=N`` runs N tokens per turn while others decode;
+- ``chunk=None`` ("auto", the default) sizes each chunk to take about ``share`` times a decode step
+  (1.0: a running stream's gap between tokens about doubles while a prompt arrives, whatever the model,
+  the machine or the batch). It fits a call's time as ``fixed + per_token * tokens`` to moving averages
+  over the prefill calls made so far (large chunks run alone and small ones run between steps pin both
+  down) and keeps a moving average of the decode step's time; the size is then
+  ``(share * step - fixed) / per_token``, at least ``MIN_AUTO_CHUNK`` (where a call's fixed cost alone is
+  about a step, as for a tiny model, smaller chunks would only make the prompt take more turns). Until it
+  has measured both, chunks are ``MIN_AUTO_CHUNK`` tokens.
+
+A prompt admitted while nothing decodes is prefilled in chunks of ``max_chunk`` (the program's bound),
+back to back: nobody waits for them. A prompt is therefore cut differently under load than alone; the
+cache rows of a prompt may then differ in the last bits (kernels may sum a row's products in another
+order for another number of rows), which changes a greedy token only where two logits tie that closely.
+"""
+from __future__ import annotations
+
+MIN_AUTO_CHUNK = 4   # tokens of the first chunk, and the fewest of any
+STEP_SMOOTHING = 0.25  # weight of the newest decode step in its moving average
+CALL_SMOOTHING = 0.1   # weight of the newest prefill call in the fit (longer memory: it needs two sizes)
+
+
+class ChunkPolicy:
+    """Chunk sizes for prefill: ``size(alone)`` before a chunk, ``decoded``/``prefilled`` after each call."""
+
+    def __init__(self, max_chunk: int, chunk: int | None = None, share: float = 1.0):
+        if type(max_chunk) is not int or max_chunk < 1:
+            raise ValueError(f"max_chunk must be a positive number of tokens, got {max_chunk!r}")
+        if chunk is not None and (type(chunk) is not int or chunk < 1):
+            raise ValueError(f"prefill_chunk must be a positive number of tokens or None (auto), got {chunk!r}")
+        if not share > 0:
+            raise ValueError(f"share must be positive, got {share!r}")
+        self.max_chunk = max_chunk
+        self.chunk = None if chunk is None else min(chunk, max_chunk)
+        self.share = float(share)
+        self.step_seconds: float | None = None  # moving average of a decode step
+        self._calls: tuple[float, float, float, float] | None = None  # averages of n, t, n*n, n*t
+
+    def size(self, alone: bool) -> int:
+        """Tokens of the next chunk: ``alone`` when no other sequence decodes."""
+        if alone:
+            return self.max_chunk
+        if self.chunk is not None:
+            return self.chunk
+        least = min(MIN_AUTO_CHUNK, self.max_chunk)
+        cost = self.call_cost()
+        if self.step_seconds is None or cost is None:
+            return least
+        fixed, per_token = cost
+        return max(least, min(self.max_chunk, round((self.share * self.step_seconds - fixed) / per_token)))
+
+    def call_cost(self) -> tuple[float, float] | None:
+        """(seconds per call, seconds per token) fitted to the recent prefill calls, or None before any."""
+        if self._calls is None:
+            return None
+        n, t, nn, nt = self._calls
+        spread = nn - n * n
+        per_token = (nt - n * t) / spread if spread > 1e-6 * nn else 0.0
+        if per_token <= 0:  # one size seen (or noise): charge everything per token, the cautious reading
+            return 0.0, t / n
+        return max(0.0, t - per_token * n), per_token
+
+    def decoded(self, seconds: float) -> None:
+        """A decode step took ``seconds``."""
+        self.step_seconds = _average(self.step_seconds, seconds, STEP_SMOOTHING)
+
+    def prefilled(self, tokens: int, seconds: float) -> None:
+        """A prefill call of ``tokens`` took ``seconds``."""
+        if tokens > 0:
+            sample = (float(tokens), seconds, float(tokens * tokens), tokens * seconds)
+            old = self._calls
+            self._calls = sample if old is None else tuple(_average(o, s, CALL_SMOOTHING)
+                                                           for o, s in zip(old, sample))
+
+    def describe(self) -> str | int:
+        return "auto" if self.chunk is None else self.chunk
+
+
+def _average(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else old + weight * (new - old)
