@@ -1,4 +1,5 @@
-"""Load test of ``lightspeed serve`` on loopback: scaling of batched decoding, then sustained load.
+"""Load test of ``lightspeed serve`` on loopback: scaling of batched decoding, sustained load, and (asked for)
+the token gaps of running streams while a long prompt arrives and the prefix cache's time to first token.
 
     python benchmarks/serve_load.py                      # starts its own server (SmolLM2, --max-batch 8)
     python benchmarks/serve_load.py --duration 60 --clients 32 --json out.json
@@ -17,6 +18,13 @@ Two phases, both bounded in time:
    counted apart); reports requests, failures (any non-200 or broken stream), latency p50/p99 (whole
    request) and time to first token, generated tokens/s, and the server's resident memory after
    warm-up and at the end (growth = end - warm-up).
+
+3. ``--prefill`` (with ``--context`` >= 2048): ``--streams-during`` streams run, then one client sends a
+   ``--long-tokens``-token prompt; reports the streams' median gap between tokens before it was sent, the
+   median and max while it was prefilled, the p99 over the whole run (as a multiple of the median before)
+   and the long prompt's time to its answer;
+4. ``--prefix``: two chat requests sharing a ~1,200-token system prompt, one after the other; reports each
+   one's time to first token and cached prompt tokens.
 
 Not a test: it prints numbers and never fails on a timing. The exit code is 1 only when a
 request failed or the server could not start.
@@ -49,6 +57,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--quant", args.quant]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.prefill_chunk:
+        cmd += ["--prefill-chunk", str(args.prefill_chunk)]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + args.start_timeout
     for line in proc.stderr:
@@ -181,7 +191,8 @@ async def load(url: str, model: str, pid: int | None, args) -> dict:
 
     end_rss = rss_bytes(pid) if pid else 0
     out = {"clients": args.clients, "duration_s": round(elapsed, 1), "requests": len(results),
-           "failures": len(failed), "cut_off_at_the_end": unfinished, "failure_examples": [r.get("error") or r.get("status") for r in failed[:3]],
+           "failures": len(failed), "cut_off_at_the_end": unfinished,
+           "failure_examples": [r.get("error") or r.get("status") for r in failed[:3]],
            "latency_p50_s": pct(lat, 0.5), "latency_p99_s": pct(lat, 0.99), "ttft_p50_s": pct(ttft, 0.5),
            "ttft_p99_s": pct(ttft, 0.99), "tokens": sum(r["tokens"] for r in ok),
            "tokens_per_s": sum(r["tokens"] for r in ok) / elapsed}
@@ -190,6 +201,73 @@ async def load(url: str, model: str, pid: int | None, args) -> dict:
                    rss_end_mb=round(end_rss / 2 ** 20, 1),
                    rss_growth_mb=round((end_rss - warm_rss[0]) / 2 ** 20, 1) if warm_rss else None)
     return out
+
+
+async def prefill_gaps(url: str, model: str, args) -> dict:
+    """Gaps between the tokens of running streams before and while a long prompt is prefilled."""
+    sent: dict[str, float] = {}
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers=_auth(args)) as client:
+        async def stream(i: int) -> list[float]:
+            body = {"model": model, "prompt": f"Chapter {i + 1}. The", "max_tokens": args.context - 16,
+                    "temperature": 0, "stream": True, "ignore_eos": True}
+            stamps: list[float] = []
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: {"):
+                        stamps.append(time.perf_counter())
+                    if "answered" in sent and time.perf_counter() - sent["answered"] > 1.0:
+                        break  # leaving the block closes the stream, which cancels the request
+            return stamps
+
+        tasks = [asyncio.ensure_future(stream(i)) for i in range(args.streams_during)]
+        await asyncio.sleep(3.0)
+        words = "the quiet river bends past old stone mills and green fields where children play "
+        prompt = words * max(1, args.long_tokens // 15)
+        sent["sent"] = time.perf_counter()
+        r = await client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 4,
+                                                       "temperature": 0})
+        sent["answered"] = time.perf_counter()
+        runs = await asyncio.gather(*tasks)
+    before = [b - a for s in runs for a, b in zip(s, s[1:]) if b < sent["sent"]]
+    during = [b - a for s in runs for a, b in zip(s, s[1:]) if sent["sent"] <= a and b <= sent["answered"]]
+    gaps = sorted(b - a for s in runs for a, b in zip(s, s[1:]))
+    median = statistics.median(before)
+    p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
+    out = {"streams": args.streams_during, "prompt_tokens": r.json()["usage"]["prompt_tokens"],
+           "answer_s": round(sent["answered"] - sent["sent"], 2), "median_gap_before_ms": round(median * 1e3, 1),
+           "median_gap_during_ms": round(statistics.median(during) * 1e3, 1) if during else None,
+           "max_gap_during_ms": round(max(during) * 1e3, 1) if during else None,
+           "p99_gap_ms": round(p99 * 1e3, 1), "p99_over_median": round(p99 / median, 2)}
+    health = httpx.get(f"{url}/health", headers=_auth(args), timeout=30).json()
+    out["prefill_chunk"] = health.get("prefill_chunk")
+    print(f"  prefill: {out}", file=sys.stderr)
+    return out
+
+
+async def prefix_ttft(url: str, model: str, args) -> dict:
+    """Time to first token of two chat requests sharing a long system prompt."""
+    words = "Answer kindly, briefly and accurately; cite nothing; never invent facts about the world. "
+    system = {"role": "system", "content": words * 85}
+    out = []
+    async with httpx.AsyncClient(base_url=url, timeout=600, headers=_auth(args)) as client:
+        for question in ("Name a planet.", "Name a color."):
+            body = {"model": model, "messages": [system, {"role": "user", "content": question}], "max_tokens": 8,
+                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            t0 = time.perf_counter()
+            first, usage = None, None
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    obj = json.loads(line[6:])
+                    if obj.get("usage"):
+                        usage = obj["usage"]
+                    if obj["choices"] and obj["choices"][0]["delta"].get("content") and first is None:
+                        first = time.perf_counter() - t0
+            out.append({"ttft_s": round(first or float("nan"), 3), "prompt_tokens": usage["prompt_tokens"],
+                        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]})
+    print(f"  prefix: {out}", file=sys.stderr)
+    return {"requests": out, "second_over_first": round(out[1]["ttft_s"] / out[0]["ttft_s"], 3)}
 
 
 def main(argv=None) -> int:
@@ -212,6 +290,11 @@ def main(argv=None) -> int:
     p.add_argument("--drain", type=float, default=60,
                    help="seconds requests running at the end of the load phase may take to finish (60)")
     p.add_argument("--load-tokens", type=int, default=32, help="max_tokens per request in the load phase (32)")
+    p.add_argument("--prefill", action="store_true", help="measure streams' gaps while a long prompt arrives")
+    p.add_argument("--streams-during", type=int, default=4, help="running streams in the --prefill phase (4)")
+    p.add_argument("--long-tokens", type=int, default=1500, help="tokens of the --prefill phase's prompt (1500)")
+    p.add_argument("--prefix", action="store_true", help="time to first token with a shared system prompt")
+    p.add_argument("--prefill-chunk", default=None, help="--prefill-chunk of the server this script starts")
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-load", action="store_true")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
@@ -230,6 +313,10 @@ def main(argv=None) -> int:
             report["scaling"] = asyncio.run(scaling(url, model, args))
         if not args.skip_load:
             report["load"] = asyncio.run(load(url, model, pid, args))
+        if args.prefill:
+            report["prefill"] = asyncio.run(prefill_gaps(url, model, args))
+        if args.prefix:
+            report["prefix"] = asyncio.run(prefix_ttft(url, model, args))
     finally:
         if proc is not None:
             proc.terminate()

@@ -152,7 +152,7 @@ def test_chunk_policy_sizes_chunks_to_a_decode_step() -> None:
     def call(n: int, fixed: float, per_token: float) -> None:
         policy.prefilled(n, fixed + per_token * n)
 
-    policy = ChunkPolicy(max_chunk=128)
+    policy = ChunkPolicy(max_chunk=128, share=1.0)
     assert policy.size(alone=True) == 128 and policy.size(alone=False) == MIN_AUTO_CHUNK
     policy.decoded(0.020)
     call(8, 0.0, 0.005)                                # one size seen: all of it counted per token
@@ -163,11 +163,17 @@ def test_chunk_policy_sizes_chunks_to_a_decode_step() -> None:
     for _ in range(40):                                # the batch grew: steps of 48 ms -> 10 tokens
         policy.decoded(0.048)
     assert policy.size(alone=False) == 10
-    tiny = ChunkPolicy(max_chunk=64)                   # a call costs what a step does; tokens are nearly free
+    tiny = ChunkPolicy(max_chunk=64, share=1.0)        # a call costs what a step does; tokens are nearly free
     for n in (64, 3, 64, 12):
         tiny.prefilled(n, 30e-6 + 0.2e-6 * n)
     tiny.decoded(40e-6)
     assert tiny.size(alone=False) == 50
+    half = ChunkPolicy(max_chunk=64)                   # the default: chunks of about half a step
+    for n in (64, 3, 64, 12):
+        half.prefilled(n, 0.008 + 0.004 * n)
+    half.decoded(0.048)
+    assert half.share == 0.5 and half.size(alone=False) == 4
+    assert half.size(alone=False, queued=True) == 22    # requests wait for a slot: two steps' worth
     assert ChunkPolicy(64, chunk=100).size(alone=False) == 64 and ChunkPolicy(64, chunk=3).size(False) == 3
     assert ChunkPolicy(64, chunk=3, share=0.5).size(alone=True) == 64
 

@@ -9,13 +9,17 @@ a 16-token chunk can take several times a small batch's decode step.
 
 - ``chunk=N`` runs N tokens per turn while others decode;
 - ``chunk=None`` ("auto", the default) sizes each chunk to take about ``share`` times a decode step
-  (1.0: a running stream's gap between tokens about doubles while a prompt arrives, whatever the model,
-  the machine or the batch). It fits a call's time as ``fixed + per_token * tokens`` to moving averages
-  over the prefill calls made so far (large chunks run alone and small ones run between steps pin both
-  down) and keeps a moving average of the decode step's time; the size is then
+  (0.5: a running stream's gap between tokens grows by about half while a prompt arrives, whatever the
+  model, the machine or the batch; the decode steps themselves also slow down somewhat, as the two
+  programs take turns with the caches, so expect nearer 2x). It fits a call's time as
+  ``fixed + per_token * tokens`` to moving averages over the prefill calls made so far (large chunks run
+  alone and small ones run between steps pin both down) and keeps a moving average of the decode step's
+  time; the size is then
   ``(share * step - fixed) / per_token``, at least ``MIN_AUTO_CHUNK`` (where a call's fixed cost alone is
   about a step, as for a tiny model, smaller chunks would only make the prompt take more turns). Until it
-  has measured both, chunks are ``MIN_AUTO_CHUNK`` tokens.
+  has measured both, chunks are ``MIN_AUTO_CHUNK`` tokens. While more requests wait for a free slot (a
+  burst of new requests), ``queued_share`` (2.0) replaces ``share``: they join the batch about four times
+  sooner, and the running streams' gaps stay under about 3x.
 
 A prompt admitted while nothing decodes is prefilled in chunks of ``max_chunk`` (the program's bound),
 back to back: nobody waits for them. A prompt is therefore cut differently under load than alone; the
@@ -32,21 +36,22 @@ CALL_SMOOTHING = 0.1   # weight of the newest prefill call in the fit (longer me
 class ChunkPolicy:
     """Chunk sizes for prefill: ``size(alone)`` before a chunk, ``decoded``/``prefilled`` after each call."""
 
-    def __init__(self, max_chunk: int, chunk: int | None = None, share: float = 1.0):
+    def __init__(self, max_chunk: int, chunk: int | None = None, share: float = 0.5, queued_share: float = 2.0):
         if type(max_chunk) is not int or max_chunk < 1:
             raise ValueError(f"max_chunk must be a positive number of tokens, got {max_chunk!r}")
         if chunk is not None and (type(chunk) is not int or chunk < 1):
             raise ValueError(f"prefill_chunk must be a positive number of tokens or None (auto), got {chunk!r}")
-        if not share > 0:
-            raise ValueError(f"share must be positive, got {share!r}")
+        if not (share > 0 and queued_share > 0):
+            raise ValueError(f"share and queued_share must be positive, got {share!r} and {queued_share!r}")
         self.max_chunk = max_chunk
         self.chunk = None if chunk is None else min(chunk, max_chunk)
-        self.share = float(share)
+        self.share, self.queued_share = float(share), float(queued_share)
         self.step_seconds: float | None = None  # moving average of a decode step
         self._calls: tuple[float, float, float, float] | None = None  # averages of n, t, n*n, n*t
 
-    def size(self, alone: bool) -> int:
-        """Tokens of the next chunk: ``alone`` when no other sequence decodes."""
+    def size(self, alone: bool, queued: bool = False) -> int:
+        """Tokens of the next chunk: ``alone`` when no other sequence decodes, ``queued`` when more requests
+        wait for a slot behind this prompt."""
         if alone:
             return self.max_chunk
         if self.chunk is not None:
@@ -56,7 +61,8 @@ class ChunkPolicy:
         if self.step_seconds is None or cost is None:
             return least
         fixed, per_token = cost
-        return max(least, min(self.max_chunk, round((self.share * self.step_seconds - fixed) / per_token)))
+        share = self.queued_share if queued else self.share
+        return max(least, min(self.max_chunk, round((share * self.step_seconds - fixed) / per_token)))
 
     def call_cost(self) -> tuple[float, float] | None:
         """(seconds per call, seconds per token) fitted to the recent prefill calls, or None before any."""

@@ -19,7 +19,7 @@ def build_engine(model, max_batch: int, *, backend: str = "c", options: dict | N
     decoding up to ``max_batch`` sequences per step. ``options`` are the compile options the model's step was
     compiled with (activations, ...), so the batched step computes the same numbers; ``log`` hears what was
     built and how long it took. ``prefill_chunk``: prompt tokens per decode step while others decode (None:
-    sized to about one decode step's time, lightspeed.engine.chunking)."""
+    sized to about half a decode step, lightspeed.engine.chunking)."""
     if type(max_batch) is not int or max_batch < 1:
         raise ValueError(f"max_batch must be a positive number of sequences, got {max_batch!r}")
     if prefix_cache_mb < 0:

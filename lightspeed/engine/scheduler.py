@@ -6,7 +6,7 @@ Each turn of its loop:
 2. runs queued jobs (embeddings) — native programs share one thread pool, so they never run
    concurrently with a step;
 3. prefills prompts. While other sequences decode, a turn runs at most ``chunks.size`` prompt tokens
-   (chunked prefill inside the batch; ``lightspeed.engine.chunking`` sizes them, by default to about one
+   (chunked prefill inside the batch; ``lightspeed.engine.chunking`` sizes them, by default to about half a
    decode step's time): the rest of the prompt being prefilled, then, while slots are free, the next
    waiting ones, so a long prompt delays each running stream's token by one chunk only and short prompts
    join the batch together. When nothing decodes, a prompt runs in the program's ``max_chunk`` chunks,
@@ -82,7 +82,7 @@ DEFAULT_PREFILL_CHUNK = None  # prompt tokens per turn while others decode: size
 class Engine:
     """Runs sequences on ``step`` (the single-sequence program, for prefill) and ``stepper`` (decode);
     while others decode, prompts are prefilled ``prefill_chunk`` tokens per step (None: sized to take about
-    one decode step's time; see lightspeed.engine.chunking)."""
+    half a decode step; see lightspeed.engine.chunking)."""
 
     def __init__(self, step, stepper, max_queue: int = 64, prefix_cache: PrefixCache | None = None,
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK):
@@ -261,7 +261,7 @@ class Engine:
                         return
                 continue
             if budget is None:
-                budget = self.chunks.size(alone=False)
+                budget = self.chunks.size(alone=False, queued=bool(self.waiting))
             if budget <= 0:
                 return
             n = min(budget, len(filling.prefill_left))

@@ -115,7 +115,7 @@ def add_serve(sub) -> None:
     p.add_argument("--prefill-chunk", type=_chunk, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
                    help="prompt tokens prefilled per decode step while other requests decode: smaller keeps their "
                         "streams steadier while a long prompt arrives, larger prefills it sooner; auto (the default) "
-                        "sizes each chunk to take about one decode step")
+                        "sizes each chunk to take about half a decode step")
     p.add_argument("--tensor-parallel", type=_positive, default=1, metavar="N",
                    help="split the model across N local ranks (processes; each takes cores/N threads unless --threads "
                         "is given): rank 0 serves, the others mirror its steps; no prefix cache; under torchrun, the "
