@@ -22,6 +22,7 @@ from typing import Sequence
 __all__ = ["free_port", "launch_local", "run_ranks"]
 
 POLL_S = 0.05
+END_GRACE_S = 5.0  # seconds the other ranks get to end by themselves once rank 0 has stopped
 
 
 def free_port() -> int:
@@ -87,6 +88,10 @@ def run_ranks(world: int, command: Sequence[str], stop_grace_s: float = 30.0) ->
             deadline = time.monotonic() + stop_grace_s
             while procs[0].poll() is None and time.monotonic() < deadline:
                 time.sleep(POLL_S)
+        # the others may be ending on rank 0's word (a server's stop message): a few seconds to do so
+        deadline = time.monotonic() + min(stop_grace_s, END_GRACE_S)
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
         _stop(procs, grace_s=2.0)
         if all(p.returncode == 0 for p in procs):  # every rank ended cleanly (a server that drained)
             return 0
