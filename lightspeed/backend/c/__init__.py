@@ -122,8 +122,11 @@ class CBackend:
         t0 = time.perf_counter()
         self.program = program
         # a program compiled before (same structure, options and code) skips formation and rendering
+        # fuse_reduced: a value only one reduction reads, element by element, is computed inside it however
+        # expensive (a product with a Q4_1 weight's decode was otherwise stored as a [seq, k, n] temporary:
+        # a 435 MB arena for SmolLM2 with templates=False)
         form_options = dict(use_templates=templates, activations=activation_mode(activations, int8_activations),
-                            gemm=gemm, byte_loads=True)
+                            gemm=gemm, byte_loads=True, fuse_reduced=True)
         cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None,
                              profile=profile, portable=portable)
         self.plan = cached.plan or form_c_plan(program, form_options, choose=schedules)
