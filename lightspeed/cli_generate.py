@@ -152,8 +152,11 @@ def _generate(args: argparse.Namespace) -> int:
         if env[0] != 0:  # every rank computes the same text; rank 0 prints it
             sys.stdout = open(os.devnull, "w")
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
+    schema = read_schema(args.json_schema) if args.json_schema is not None else None  # before the slow load
     model = _load(args)  # errors are reported by lightspeed.cli.run_handler
     gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
+    if schema is not None:
+        gen.constraint = schema_constraint(schema, model, args.json_schema)
     if args.json:
         gen.run()
     else:
@@ -170,6 +173,31 @@ def _generate(args: argparse.Namespace) -> int:
                         **s.as_dict(), **_parallel_timings(model)},
         }, ensure_ascii=False))
     return 0
+
+
+def read_schema(path: str) -> dict:
+    """The JSON schema in file ``path`` (``--json-schema``); ValueError naming the file and the problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as e:
+        raise ValueError(f"--json-schema {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--json-schema {path}: not a JSON file: {e}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"--json-schema {path}: a JSON schema is an object, not {type(schema).__name__}")
+    return schema
+
+
+def schema_constraint(schema: dict, model, path: str = "the schema"):
+    """The grammar state of output that must be JSON satisfying ``schema`` under ``model``'s vocabulary
+    (a ``lightspeed.structured.Constraint``); ValueError naming ``path`` when the grammar library refuses it."""
+    from .structured import GrammarCompiler, json_schema
+    try:
+        grammar = GrammarCompiler(model.tokenizer, model.config.vocab_size).compile(json_schema(schema))
+    except ValueError as e:  # GrammarError: an unsupported or unsatisfiable schema
+        raise ValueError(f"--json-schema {path}: {e}") from None
+    return grammar.new_constraint()
 
 
 def _parallel_timings(model) -> dict:
@@ -191,6 +219,8 @@ def add_generate(sub) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model across N local ranks (processes; each takes cores/N threads unless "
                         "--threads is given); under torchrun, the ranks it started")
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="the output is JSON satisfying the JSON schema in FILE (masked while it is generated)")
     p.add_argument("prompt", metavar="PROMPT", help='the prompt text ("-" reads it from stdin)')
     p.set_defaults(handler=_generate)
 

@@ -25,6 +25,7 @@ from .sampling import Sampler, SamplingParams, apply_repetition_penalty, filter_
 if TYPE_CHECKING:
     from .io import Tokenizer
     from .models.base import CompiledLM
+    from .structured import Constraint
 
 __all__ = ["Sampler", "SamplingParams", "apply_repetition_penalty", "filter_logits", "KVCache", "ContextFullError",
            "GenerationStats", "StopStringFilter", "Generation", "generate"]
@@ -149,11 +150,16 @@ class StopStringFilter:
 
 class Generation:
     """An iterator over generated text pieces; ``text``, ``token_ids``, ``finish_reason`` ("stop",
-    "length" or "context") and ``stats`` fill in as it runs. ``run()`` consumes it and returns the text."""
+    "length" or "context") and ``stats`` fill in as it runs. ``run()`` consumes it and returns the text.
+
+    With a ``constraint`` (``lightspeed.structured``: a JSON schema, a grammar) the logits are masked to the
+    tokens the grammar allows before each token is sampled, and the text ends ("stop") when the grammar is
+    complete or an end token it allows there is drawn."""
 
     def __init__(self, step: "CompiledLM", tokenizer: "Tokenizer | None", prompt_ids: Sequence[int],
                  params: SamplingParams | None = None, max_tokens: int = 256, stop_ids: Iterable[int] | None = None,
-                 stop_strings: Sequence[str] = (), cache: KVCache | None = None):
+                 stop_strings: Sequence[str] = (), cache: KVCache | None = None,
+                 constraint: "Constraint | None" = None):
         if not prompt_ids:
             raise ValueError("generate: the prompt has no tokens")
         if max_tokens < 0:
@@ -172,6 +178,7 @@ class Generation:
         self.stats = GenerationStats()
         self.last_logits: np.ndarray | None = None
         self.on_finish: Callable[["Generation"], None] | None = None  # called once when generation ends
+        self.constraint = constraint  # may be set until the first piece is asked for
         self._iter = self._run()
 
     def __iter__(self) -> Iterator[str]:
@@ -211,11 +218,15 @@ class Generation:
                 self.finish_reason = "length"
                 break
             t0 = time.perf_counter()
-            token = self.sampler(logits[-1], history if self.sampler.params.repetition_penalty != 1.0 else ())
+            c = self.constraint
+            x = logits[-1] if c is None else c.apply(logits[-1])
+            token = self.sampler(x, history if self.sampler.params.repetition_penalty != 1.0 else ())
             stats.sampling_seconds += time.perf_counter() - t0
-            if token in self.stop_ids:
+            if token in self.stop_ids or (c is not None and token in c.stop_ids):
                 self.finish_reason = "stop"
                 break
+            if c is not None:
+                c.consume(token)
             self.token_ids.append(token)
             history.append(token)
             stats.generated_tokens += 1
@@ -226,6 +237,9 @@ class Generation:
                 if stops.stopped:
                     self.finish_reason = "stop"
                     break
+            if c is not None and c.finished:
+                self.finish_reason = "stop"
+                break
             if len(self.token_ids) >= self.max_tokens:
                 self.finish_reason = "length"
                 break
