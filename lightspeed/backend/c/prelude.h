@@ -103,6 +103,10 @@ static inline float ls_sinf(float x) {
 
 /* max that propagates NaN like numpy */
 static inline float ls_maxf(float a, float b) { return (b > a || b != b) ? b : a; }
+/* fmod(a, c) for c = 2**k (with inv = 2**-k): the scalings are exact, so is the difference (the remainder is
+ * representable), the sign of a zero result is a's as fmod's is, and inf - inf gives fmod's NaN; it
+ * vectorises, where fmodf is a library call (a Q4_1 nibble is cut out of its byte this way) */
+static inline float ls_fmod_pow2(float a, float c, float inv) { return copysignf(a - truncf(a * inv) * c, a); }
 
 /* 8 floats as one value (two SSE or one AVX register), for kernels written with vector arithmetic */
 typedef float ls_v8 __attribute__((vector_size(32)));

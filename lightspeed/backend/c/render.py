@@ -285,6 +285,10 @@ class KernelRenderer:
                     # both operands are whole numbers >= 0 (a byte of a quantized block, say): the integer
                     # remainder is fmodf's exact value, and it vectorises (fmodf is a libm call)
                     return f"((float)((uint32_t)({a[0]}) % (uint32_t)({a[1]})))"
+                c = x.args[1]
+                if d is dt.float32 and isinstance(c, ir.Const) and float(c.value) > 0 and \
+                        math.isfinite(float(c.value)) and math.frexp(float(c.value))[0] == 0.5:
+                    return f"ls_fmod_pow2({a[0]}, {a[1]}, {float_literal(1.0 / float(c.value))})"
                 return f"fmodf({a[0]}, {a[1]})"
             t = compute_type(d)
             # x % 0 is 0 (as in the reference) and x % -1 is 0 (INT_MIN % -1 would trap)
