@@ -37,17 +37,23 @@ class RecordingStep:
 
 
 class Stream:
-    """A sink recording, for each text piece, the prefill calls made so far, and the end."""
+    """A sink recording, for each text piece, the prefill calls made so far, and the end. With ``hold``, the
+    engine thread waits at the third piece until ``go`` is set (so a test can submit work while the stream
+    certainly still runs: a tiny model decodes its tokens in milliseconds)."""
 
-    def __init__(self, step: RecordingStep):
+    def __init__(self, step: RecordingStep, hold: bool = False):
         self.step = step
         self.marks: list[int] = []
         self.done = threading.Event()
         self.kind = None
+        self.hold, self.reached, self.go = hold, threading.Event(), threading.Event()
 
     def __call__(self, kind, payload):
         if kind == TEXT:
             self.marks.append(len(self.step.calls))
+            if self.hold and len(self.marks) == 3:
+                self.reached.set()
+                self.go.wait(30)
         elif kind != "logprobs":
             self.kind = kind
             self.done.set()
@@ -70,8 +76,8 @@ def _engine(tiny, chunk=CHUNK, cache=None):
     return eng, step
 
 
-def _submit(eng, step, lm, ids, max_tokens):
-    sink = Stream(step)
+def _submit(eng, step, lm, ids, max_tokens, hold=False):
+    sink = Stream(step, hold)
     seq = Sequence(ids, RequestOptions(max_tokens=max_tokens, ignore_eos=True), lm.tokenizer, set(), sink)
     eng.submit(seq)
     return seq, sink
@@ -99,11 +105,11 @@ def test_long_prompt_interleaves_with_decoding(tiny) -> None:
         alone.append(seq.token_ids)
         # alone: chunks of the program's bound, back to back
         assert [(p, n) for p, n, _ in step.calls] == [(0, 32), (32, 32), (64, 7)]
-        running = [_submit(eng, step, lm, ids, 60) for ids in shorts]
-        while min(len(s.marks) for _, s in running) < 3:
-            time.sleep(0.001)
+        running = [_submit(eng, step, lm, ids, 60, hold=i == 2) for i, ids in enumerate(shorts)]
+        assert running[2][1].reached.wait(30)  # all three decode (the last admitted is at its third token)
         before = len(step.calls)
         seq, sink = _submit(eng, step, lm, long_prompt, 10)
+        running[2][1].go.set()
         assert sink.done.wait(60) and all(s.done.wait(60) for _, s in running)
         assert [q.token_ids for q, _ in running] + [seq.token_ids] == alone
         chunks = step.calls[before:]
@@ -130,11 +136,11 @@ def test_auto_chunks_alternate_with_decode_steps(tiny) -> None:
             seq, sink = _submit(eng, step, lm, ids, m)
             assert sink.done.wait(60)
             want.append(seq.token_ids)
-        running, stream = _submit(eng, step, lm, short, 100)
-        while len(stream.marks) < 3:
-            time.sleep(0.001)
+        running, stream = _submit(eng, step, lm, short, 100, hold=True)
+        assert stream.reached.wait(30)
         before = len(step.calls)
         seq, sink = _submit(eng, step, lm, long_prompt, 8)
+        stream.go.set()
         assert sink.done.wait(60) and stream.done.wait(60)
         assert [running.token_ids, seq.token_ids] == want
         chunks = step.calls[before:]
@@ -189,12 +195,12 @@ def test_chunks_after_a_prefix_cache_hit(tiny) -> None:
     try:
         first, sink = _submit(eng, step, lm, system + _ids(rng, 9), 5)
         assert sink.done.wait(60)
-        _, stream = _submit(eng, step, lm, _ids(rng, 4), 100)
-        while len(stream.marks) < 2:
-            time.sleep(0.001)
+        _, stream = _submit(eng, step, lm, _ids(rng, 4), 100, hold=True)
+        assert stream.reached.wait(30)
         before = len(step.calls)
         prompt = system + _ids(rng, 13)
         seq, sink = _submit(eng, step, lm, prompt, 8)
+        stream.go.set()
         assert sink.done.wait(60) and seq.cached_tokens == 40 and stream.done.wait(60)
         assert [(p, n) for p, n, _ in step.calls[before:]] == [(40, 6), (46, 6), (52, 1)]
         ref, sink = _submit(plain, plain_step, lm, prompt, 8)
