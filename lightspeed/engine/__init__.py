@@ -2,7 +2,7 @@
 
     from lightspeed.engine.factory import build_engine
     from lightspeed.engine.sequence import RequestOptions, Sequence
-    engine = build_engine(model, max_batch=8)           # model = lightspeed.load(...)
+    engine = build_engine(model, max_batch=8)           # model = lightspeed.api.load(...)
     engine.start()
     seq = Sequence(ids, RequestOptions(max_tokens=64), model.tokenizer, model.tokenizer.stop_ids, sink)
     engine.submit(seq)          # sink(kind, payload) hears its text, logprobs and end on the engine thread
