@@ -236,3 +236,31 @@ def test_stop_ends_leftover_work_with_an_error(tiny) -> None:
     eng.stop(timeout=0)
     assert all(sink.done.wait(10) for _, sink in made)
     assert any(sink.end[0] == ERROR for _, sink in made)  # the queued ones at least
+
+
+def test_sequential_stepper_matches_the_program(tiny) -> None:
+    """SequentialStepper (a checked call per slot) gives the single-sequence program's logits, slots taking
+    turns and after a move; bad tokens and positions are refused by name."""
+    lm, single, _ = tiny
+    stepper = SequentialStepper(single, 3)
+    rng = np.random.default_rng(9)
+    lengths = [5, 17, 9]
+    for slot, n in enumerate(lengths):
+        _prefill(single, stepper.slot_caches(slot), [int(t) for t in rng.integers(3, 128, n)])
+    copies = [{k: v.copy() for k, v in stepper.slot_caches(s).items()} for s in range(3)]
+    for _ in range(3):
+        tokens = [int(t) for t in rng.integers(3, 128, 3)]
+        got = stepper.run(tokens, lengths)
+        for slot in range(3):
+            want, _ = single.run([tokens[slot]], lengths[slot], copies[slot])
+            np.testing.assert_array_equal(got[slot], want[-1])
+        lengths = [n + 1 for n in lengths]
+    stepper.move_slot(2, 0, lengths[2])
+    copies[0], copies[2] = copies[2], copies[0]
+    got = stepper.run([7], [lengths[2]])
+    want, _ = single.run([7], lengths[2], copies[0])
+    np.testing.assert_array_equal(got[0], want[-1])
+    with pytest.raises(ValueError, match="token ids"):
+        stepper.run([10 ** 6], [3])
+    with pytest.raises(ValueError, match="pos"):
+        stepper.run([5], [CTX])

@@ -28,6 +28,7 @@ order for another number of rows), which changes a greedy token only where two l
 """
 from __future__ import annotations
 
+DEFAULT_PREFILL_CHUNK = None  # auto: the chunk size follows the measured times (the servers' default)
 MIN_AUTO_CHUNK = 4   # tokens of the first chunk, and the fewest of any
 STEP_SMOOTHING = 0.25  # weight of the newest decode step in its moving average
 CALL_SMOOTHING = 0.1   # weight of the newest prefill call in the fit (longer memory: it needs two sizes)

@@ -42,9 +42,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..models.base import CompiledLM
 from ..prefix_cache import PrefixCache
+from ..row_step import RowStep
 from ..structured import MaskWorker
-from .chunking import ChunkPolicy
+from .chunking import DEFAULT_PREFILL_CHUNK, ChunkPolicy
 from .sequence import Sequence
 
 
@@ -58,25 +60,51 @@ class EngineStoppedError(Exception):
 
 class SequentialStepper:
     """The batched-step interface over the single-sequence program: one call per sequence per step
-    (for model families without a batched forward)."""
+    (for model families without a batched forward).
+
+    Each slot's calls go through a ``RowStep`` of its own (lightspeed.row_step): the program's inputs are
+    checked once per slot, not on every call. ``CompiledLM.run`` keeps one such check for the last set of
+    caches it saw, which slots taking turns would redo every call (~1 ms each for SmolLM2's 60 caches)."""
 
     def __init__(self, step, max_batch: int):
         self.step, self.max_batch, self.ctx = step, max_batch, step.ctx
         self.slots = [step.new_caches() for _ in range(max_batch)]
+        # a RowStep needs the compiled program writing rows in place; other steps are called as they are
+        self._checked = isinstance(step, CompiledLM) and step.kv_update == "rows"
+        self._rows: list[RowStep | None] = [None] * max_batch
 
     def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
         return self.slots[slot]
 
     def move_slot(self, src: int, dst: int, rows: int) -> None:
         self.slots[src], self.slots[dst] = self.slots[dst], self.slots[src]
+        self._rows[src], self._rows[dst] = self._rows[dst], self._rows[src]
+
+    def _row_step(self, slot: int) -> RowStep:
+        rs = self._rows[slot]
+        if rs is None:
+            names = [spec.name for spec in self.step.cache_specs]  # outputs 1.. are the caches' new rows
+            rs = self._rows[slot] = RowStep(self.step.program, {"tokens": np.zeros(1, np.int32), **self.slots[slot]},
+                                            writes={k: name for k, name in enumerate(names, 1)}, varying=["tokens"],
+                                            dims={"pos": 0})
+        return rs
 
     def run(self, tokens, positions) -> np.ndarray:
-        rows = [self.step.run([int(t)], int(p), self.slots[b])[0][-1]
-                for b, (t, p) in enumerate(zip(tokens, positions))]
+        if not self._checked:
+            return np.stack([self.step.run([int(t)], int(p), self.slots[b])[0][-1]
+                             for b, (t, p) in enumerate(zip(tokens, positions))])
+        vocab = self.step.vocab_size
+        rows = []
+        for b, (t, p) in enumerate(zip(tokens, positions)):
+            t, p = int(t), int(p)
+            if not 0 <= t < vocab:  # the program indexes the embedding with it
+                raise ValueError(f"run: token ids must lie in [0, {vocab}), got {t}")
+            # RowStep checks the position against its bounds and the caches' rows
+            logits = self._row_step(b).run({"tokens": np.array([t], dtype=np.int32)}, {"pos": p}, p)[0]
+            rows.append(logits[-1])
         return np.stack(rows)
 
 
-DEFAULT_PREFILL_CHUNK = None  # prompt tokens per turn while others decode: sized to a decode step (chunking.py)
 
 
 class Engine:

@@ -6,7 +6,7 @@ import sys
 
 from ..cli_generate import (add_activations_argument, add_backend_argument, add_kv_cache_argument, check_backend,
                             check_context)
-from ..engine.scheduler import DEFAULT_PREFILL_CHUNK
+from ..engine.chunking import DEFAULT_PREFILL_CHUNK
 
 
 def _serve(args: argparse.Namespace) -> int:
