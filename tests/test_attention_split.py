@@ -19,7 +19,7 @@ from lightspeed import frontend as F
 from lightspeed import symbolic as sym
 from lightspeed.kernel.attention import SPLIT_KEYS
 from lightspeed.models import load_model
-from lightspeed.serve.batched import BatchedStep
+from lightspeed.engine.batched import BatchedStep
 
 KV_HEADS, REP, D = 2, 3, 64  # SmolLM2's grouping (3 query heads a KV head) and head size
 MAX_POS = 1100

@@ -126,7 +126,7 @@ def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["text"] == greedy
 
     # serve's batched step shares the float16 caches with the single-sequence program
-    from lightspeed.serve.batched import BatchedStep
+    from lightspeed.engine.batched import BatchedStep
     batched = BatchedStep(model.lm, 32, 2, kv_dtype=model.step.kv_dtype)
     assert all(a.dtype == np.float16 for a in batched.caches.values())
     assert [k.kind for k in batched.program.executor.plan.kernels].count("attention") == SHAPE["layers"]
