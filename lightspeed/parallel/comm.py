@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 __all__ = ["Communicator", "SingleProcess", "GlooCommunicator", "SharedMemoryCommunicator", "distributed_env",
-           "CollectiveError", "join_group"]
+           "CollectiveError", "group_address", "join_group"]
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -35,6 +35,22 @@ def distributed_env() -> tuple[int, int] | None:
         return int(rank), int(world)
     except ValueError:
         raise CollectiveError(f"RANK={rank!r} and WORLD_SIZE={world!r} must be integers") from None
+
+
+def group_address(world: int | None = None) -> tuple[int, int, str]:
+    """(rank, world size, init method) of the group torchrun's variables describe; ``world`` (if given) must
+    match WORLD_SIZE. CollectiveError naming the missing or mismatched variable."""
+    env = distributed_env()
+    if env is None:
+        raise CollectiveError("not a rank of a launched group (RANK and WORLD_SIZE are not set); start it with "
+                              "--tensor-parallel N or torchrun")
+    rank, size = env
+    if world is not None and size != world:
+        raise CollectiveError(f"--tensor-parallel {world} but the launcher started {size} ranks (WORLD_SIZE)")
+    port = os.environ.get("MASTER_PORT")
+    if port is None:
+        raise CollectiveError("MASTER_PORT is not set (torchrun and --tensor-parallel set it)")
+    return rank, size, f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
 
 
 class Communicator:
@@ -91,18 +107,8 @@ class GlooCommunicator(Communicator):
     @classmethod
     def from_env(cls, world: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> "GlooCommunicator":
         """Join the group described by torchrun's variables; ``world`` (if given) must match WORLD_SIZE."""
-        env = distributed_env()
-        if env is None:
-            raise CollectiveError("not a rank of a launched group (RANK and WORLD_SIZE are not set); start it with "
-                                  "--tensor-parallel N or torchrun")
-        rank, size = env
-        if world is not None and size != world:
-            raise CollectiveError(f"--tensor-parallel {world} but the launcher started {size} ranks (WORLD_SIZE)")
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = os.environ.get("MASTER_PORT")
-        if port is None:
-            raise CollectiveError("MASTER_PORT is not set (torchrun and --tensor-parallel set it)")
-        return cls(rank, size, f"tcp://{addr}:{port}", timeout_s)
+        rank, size, init_method = group_address(world)
+        return cls(rank, size, init_method, timeout_s)
 
     def _timed(self, what: str, fn) -> None:
         t0 = time.perf_counter()
@@ -222,12 +228,6 @@ def join_group(world: int | None = None, max_bytes: int = 0, shared_memory: bool
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if (shared_memory and max_bytes > 0 and env is not None and local == str(env[1])
             and SharedMemoryCommunicator.usable()):
-        rank, size = env
-        if world is not None and size != world:
-            raise CollectiveError(f"--tensor-parallel {world} but the launcher started {size} ranks (WORLD_SIZE)")
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = os.environ.get("MASTER_PORT")
-        if port is None:
-            raise CollectiveError("MASTER_PORT is not set (torchrun and --tensor-parallel set it)")
-        return SharedMemoryCommunicator(rank, size, f"tcp://{addr}:{port}", max_bytes, timeout_s)
+        rank, size, init_method = group_address(world)
+        return SharedMemoryCommunicator(rank, size, init_method, max_bytes, timeout_s)
     return GlooCommunicator.from_env(world, timeout_s)
