@@ -146,6 +146,22 @@ def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = "float
     return g, [logits] + [kv.outputs[n] for n in names], names
 
 
+def check_step_inputs(tokens, positions, max_batch: int, ctx: int, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A batched step's token ids and positions as int32 arrays (one of each per sequence); ValueError when
+    their count, a position or an id is out of range."""
+    ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+    pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+    n = ids.shape[0]
+    if not 1 <= n <= max_batch or pos.shape[0] != n:
+        raise ValueError(f"run: {n} tokens and {pos.shape[0]} positions; a step takes 1 to {max_batch} "
+                         "sequences, one position each")
+    if pos.min() < 0 or pos.max() >= ctx:
+        raise ValueError(f"run: positions {pos.min()}..{pos.max()} exceed the context bound of {ctx}")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+        raise ValueError(f"run: token ids must lie in [0, {vocab_size}), got {ids.min()}..{ids.max()}")
+    return ids, pos
+
+
 class BatchedStep:
     """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each)."""
 
@@ -185,16 +201,7 @@ class BatchedStep:
     def run(self, tokens, positions) -> np.ndarray:
         """One token per sequence: row ``b`` (token ``tokens[b]`` at ``positions[b]``) uses slot ``b``.
         Returns the logits ``[B, vocab]``; the caches are updated in place."""
-        ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
-        n = ids.shape[0]
-        if not 1 <= n <= self.max_batch or pos.shape[0] != n:
-            raise ValueError(f"run: {n} tokens and {pos.shape[0]} positions; a step takes 1 to {self.max_batch} "
-                             "sequences, one position each")
-        if pos.min() < 0 or pos.max() >= self.ctx:
-            raise ValueError(f"run: positions {pos.min()}..{pos.max()} exceed the context bound of {self.ctx}")
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
+        ids, pos = check_step_inputs(tokens, positions, self.max_batch, self.ctx, self.vocab_size)
         keys = min(-(-(int(pos.max()) + 1) // KEY_BLOCK) * KEY_BLOCK, self.ctx)  # whole blocks (see module doc)
         outs = self.program(dims={"keys": keys}, tokens=ids, positions=pos, **self.caches)
         for name, updated in zip(self.names, outs[1:]):

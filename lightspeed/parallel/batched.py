@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import symbolic as sym
-from ..engine.batched import KEY_BLOCK, BatchedKV
+from ..engine.batched import KEY_BLOCK, BatchedKV, check_step_inputs
 from ..frontend import linear, rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
 from ..tensor import Tensor
@@ -150,17 +150,7 @@ class TensorParallelBatchedStep:
     # running ----------------------------------------------------------------------------------------
     def check(self, tokens, positions) -> tuple[np.ndarray, np.ndarray]:
         """The step's inputs as int32 arrays; ValueError (before any collective) when they do not fit."""
-        ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
-        n = ids.shape[0]
-        if not 1 <= n <= self.max_batch or pos.shape[0] != n:
-            raise ValueError(f"run: {n} tokens and {pos.shape[0]} positions; a step takes 1 to {self.max_batch} "
-                             "sequences, one position each")
-        if pos.min() < 0 or pos.max() >= self.ctx:
-            raise ValueError(f"run: positions {pos.min()}..{pos.max()} exceed the context bound of {self.ctx}")
-        if ids.min() < 0 or ids.max() >= self.vocab_size:
-            raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
-        return ids, pos
+        return check_step_inputs(tokens, positions, self.max_batch, self.ctx, self.vocab_size)
 
     def _attend(self, i: int, dims: dict, pos: np.ndarray, **inputs) -> tuple[np.ndarray, np.ndarray]:
         k, v = f"k{i}", f"v{i}"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from ..engine.logprobs import TokenLogprob
+from ..io.byte_level import gpt2_byte_decoder, is_byte_level
 
 REPLACEMENT = "\ufffd"
 
@@ -25,7 +26,7 @@ class TokenText:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self._byte_level = _byte_decoder() if _is_byte_level(tokenizer) else None
+        self._byte_level = gpt2_byte_decoder() if is_byte_level(getattr(tokenizer, "backend", None)) else None
         self.lookup = lru_cache(maxsize=65536)(self._lookup)
 
     def _lookup(self, token: int) -> tuple[str, tuple[int, ...]]:
@@ -40,26 +41,6 @@ class TokenText:
             except UnicodeDecodeError:
                 return "bytes:" + "".join(f"\\x{b:02x}" for b in raw), tuple(raw)
         return text, tuple(text.encode("utf-8"))
-
-
-def _is_byte_level(tokenizer) -> bool:
-    """Whether the tokenizer decodes with GPT-2's byte-to-unicode table (a byte-level BPE)."""
-    decoder = getattr(getattr(tokenizer, "backend", None), "decoder", None)
-    return type(decoder).__name__ == "ByteLevel" or "ByteLevel" in repr(decoder)
-
-
-@lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's table from the printable characters of byte-level pieces back to bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText) -> dict:

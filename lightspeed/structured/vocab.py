@@ -15,25 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..io.byte_level import gpt2_byte_decoder, is_byte_level
+
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def gpt2_byte_decoder() -> dict[str, int]:
-    """GPT-2's table from the printable characters of byte-level pieces back to bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def _is_byte_level(backend: Any) -> bool:
-    decoder = getattr(backend, "decoder", None)
-    return type(decoder).__name__ == "ByteLevel" or "ByteLevel" in repr(decoder)
 
 
 def token_bytes(tokenizer: Any, n_vocab: int) -> list[bytes]:
@@ -41,7 +25,7 @@ def token_bytes(tokenizer: Any, n_vocab: int) -> list[bytes]:
     token's bytes are its text)."""
     backend = tokenizer.backend
     specials = set(tokenizer.special_tokens)
-    table = gpt2_byte_decoder() if _is_byte_level(backend) else None
+    table = gpt2_byte_decoder() if is_byte_level(backend) else None
     out: list[bytes] = []
     for i in range(n_vocab):
         piece = backend.id_to_token(i)
