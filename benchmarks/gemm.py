@@ -6,10 +6,16 @@ report gives GFLOP/s min/median over rounds, the ratio of medians, and the FMA p
 run by a small C probe (independent FMA chains on the widest vectors, one pthread per thread).
 
     python benchmarks/gemm.py [--rounds 7] [--threads 2] [--json] [--shapes 1024x1024x1024,128x768x768]
+                              [--cpu-time]
+
+``--cpu-time`` (with ``--threads 1``) times the calling thread's CPU time instead of the wall clock: both
+engines then run on that thread, and time the machine gives to other jobs is not counted, so ratios stay
+steady on a shared machine (the FMA peak probe still measures wall time).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import subprocess
@@ -31,7 +37,7 @@ PEAK_C = r"""
 #include <stdlib.h>
 #include <time.h>
 typedef float vf __attribute__((vector_size(VB)));
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static double now(void) { struct timespec t; clock_gettime(CLOCK, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 #define CH(i) vf a##i = x * (float)(i + 1) * 1e-3f;
 #define UP(i) a##i = a##i * x + y;
 static void *run(void *arg) {
@@ -63,23 +69,47 @@ int main(int argc, char **argv) {
 """
 
 
-def fma_peak_gflops(threads: int) -> float | None:
-    """Float32 FMA GFLOP/s of ``threads`` threads (12 independent chains on the widest vectors)."""
+def fma_peak_gflops(threads: int, cpu_time: bool = False) -> float | None:
+    """Float32 FMA GFLOP/s of ``threads`` threads (12 independent chains on the widest vectors); by the
+    process's CPU time with ``cpu_time`` (one thread: the time it ran, not the time it waited)."""
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     vb = 64 if " avx512f" in flags else 32
     with tempfile.TemporaryDirectory() as d:
         src, exe = Path(d, "peak.c"), Path(d, "peak")
         src.write_text(PEAK_C)
         try:
-            subprocess.run(["gcc", "-O2", "-march=native", f"-DVB={vb}", "-mprefer-vector-width=512", "-pthread",
-                            str(src), "-o", str(exe)], check=True, capture_output=True)
+            clock = "CLOCK_PROCESS_CPUTIME_ID" if cpu_time else "CLOCK_MONOTONIC"
+            subprocess.run(["gcc", "-O2", "-march=native", f"-DVB={vb}", f"-DCLOCK={clock}",
+                            "-mprefer-vector-width=512", "-pthread", str(src), "-o", str(exe)],
+                           check=True, capture_output=True)
             out = subprocess.run([str(exe), str(threads)], check=True, capture_output=True, text=True)
         except (OSError, subprocess.CalledProcessError):
             return None
     return float(out.stdout)
 
 
-def bench_shape(shape: str, rounds: int, transposed: bool) -> dict:
+def limit_blas_threads(n: int) -> bool:
+    """Limit numpy's BLAS to ``n`` threads (threadpoolctl, else the OpenBLAS numpy loaded, through its own
+    setter); False when neither is available."""
+    try:
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(n)
+        return True
+    except ImportError:
+        pass
+    maps = Path("/proc/self/maps")
+    libs = {line.split()[-1] for line in maps.read_text().splitlines() if "openblas" in line.lower()} \
+        if maps.exists() else set()
+    for lib in libs:
+        dll = ctypes.CDLL(lib)
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            if hasattr(dll, name):
+                getattr(dll, name)(ctypes.c_int(n))
+                return True
+    return False
+
+
+def bench_shape(shape: str, rounds: int, transposed: bool, clock=time.perf_counter) -> dict:
     m, k, n = (int(x) for x in shape.split("x"))
     g = ls.Graph()
     a = g.input("a", (m, k), ls.float32)
@@ -97,10 +127,10 @@ def bench_shape(shape: str, rounds: int, transposed: bool) -> dict:
 
     def once(fn) -> float:
         fn()
-        t = time.perf_counter()
+        t = clock()
         for _ in range(inner):
             fn()
-        return (time.perf_counter() - t) / inner
+        return (clock() - t) / inner
     for _ in range(rounds):
         lst.append(once(lambda: prog(a=av, b=bv)))
         time.sleep(0.1)
@@ -121,22 +151,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cpu-time", action="store_true", help="time thread CPU time (needs --threads 1)")
     args = ap.parse_args()
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time needs --threads 1 (other threads' work is not the calling thread's CPU time)")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     set_num_threads(args.threads)
-    try:
-        from threadpoolctl import threadpool_limits
-        limit = threadpool_limits(args.threads)
-    except ImportError:  # numpy then uses its default thread count (set OPENBLAS_NUM_THREADS)
-        limit = None
-    peak = fma_peak_gflops(args.threads)
-    rows = [bench_shape(s, args.rounds, t) for s in args.shapes.split(",") for t in (False, True)]
+    np.ones((2, 2)) @ np.ones((2, 2))  # load numpy's BLAS before limiting it
+    limited = limit_blas_threads(args.threads)
+    if args.cpu_time and not limited:
+        ap.error("--cpu-time: numpy's BLAS thread count cannot be limited here (install threadpoolctl)")
+    peak = fma_peak_gflops(args.threads, cpu_time=args.cpu_time)
+    rows = [bench_shape(s, args.rounds, t, clock) for s in args.shapes.split(",") for t in (False, True)]
     report = {"threads": args.threads, "fma_peak_gflop_s": peak, "machine": machine_summary(), "rows": rows,
-              "date": time.strftime("%Y-%m-%d")}
-    del limit
+              "date": time.strftime("%Y-%m-%d"), "clock": "thread CPU time" if args.cpu_time else "wall",
+              "blas_threads_limited": limited}
     if args.json:
         print(json.dumps(report, indent=1))
         return
-    print(f"{report['machine'].get('cpu', '')}, {args.threads} threads, FMA peak "
+    print(f"{report['machine'].get('cpu', '')}, {args.threads} threads, {report['clock']}, FMA peak "
           f"{peak:.0f} GFLOP/s" if peak else "FMA peak: probe failed")
     print(f"{'shape (MxKxN)':32} {'lightspeed GF/s med (min-best)':>32} {'numpy GF/s med':>16} {'ratio med':>10} "
           f"{'% peak':>7}")

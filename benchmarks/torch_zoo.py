@@ -13,7 +13,9 @@ Llama with a third as many KV heads, FFN 4x hidden for GPT-2/BERT and 8/3x for L
 suite's tiny ones. The last line is the geometric mean of inductor / Lightspeed over the models run.
 
 ``--threads`` sets both PyTorch's and Lightspeed's thread counts (on a busy machine, 1 thread
-gives the least distorted comparison: oversubscribed thread pools degrade unevenly).
+gives the least distorted comparison: oversubscribed thread pools degrade unevenly). ``--cpu-time``
+(with ``--threads 1``) times the calling thread's CPU time instead of the wall clock, so time the machine
+gives to other jobs is not counted; rounds then alternate eager, Lightspeed and inductor.
 """
 from __future__ import annotations
 
@@ -31,14 +33,28 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_torch_backend_zoo import ZOO, main_output  # noqa: E402
 
 
-def _time_calls(fn, kwargs, runs: int) -> float:
+def _time_calls(fn, kwargs, runs: int, clock=time.perf_counter) -> float:
     times = []
     with torch.no_grad():
         for _ in range(runs):
-            t0 = time.perf_counter()
+            t0 = clock()
             main_output(fn(**kwargs))
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
     return statistics.median(times)
+
+
+def _alternating(fns: list, kwargs, runs: int, clock) -> list[float]:
+    """Median time of one call of each of ``fns``, their calls alternating round by round."""
+    times: list[list[float]] = [[] for _ in fns]
+    with torch.no_grad():
+        for fn in fns:  # a fresh torch.compile compiles on its first call
+            main_output(fn(**kwargs))
+        for _ in range(runs):
+            for fn, ts in zip(fns, times):
+                t0 = clock()
+                main_output(fn(**kwargs))
+                ts.append(clock() - t0)
+    return [statistics.median(ts) for ts in times]
 
 
 def _compile_and_time(model, kwargs, runs: int, **compile_kwargs) -> tuple[float, float, torch.Tensor]:
@@ -80,7 +96,8 @@ def sized_transformers(hidden: int, layers: int) -> dict:
     return {"llama": llama, "gpt2": gpt2, "bert": bert}
 
 
-def bench(name: str, batch: int, seq: int, runs: int, dynamic: bool, zoo: dict = ZOO) -> dict:
+def bench(name: str, batch: int, seq: int, runs: int, dynamic: bool, zoo: dict = ZOO, cpu_time: bool = False
+          ) -> dict:
     model, make = zoo[name]()
     kwargs = make(batch, seq)
     with torch.no_grad():
@@ -88,6 +105,10 @@ def bench(name: str, batch: int, seq: int, runs: int, dynamic: bool, zoo: dict =
     eager = _time_calls(model, kwargs, runs)
     ls_compile, ls_time, ls_out = _compile_and_time(model, kwargs, runs, backend="lightspeed", dynamic=dynamic)
     ind_compile, ind_time, _ = _compile_and_time(model, kwargs, runs, dynamic=dynamic)
+    if cpu_time:  # both compiled callables stay valid: dynamo keeps one cache entry per backend
+        ls_fn = torch.compile(model, backend="lightspeed", dynamic=dynamic)
+        ind_fn = torch.compile(model, dynamic=dynamic)
+        eager, ls_time, ind_time = _alternating([model, ls_fn, ind_fn], kwargs, runs, time.thread_time)
     err = (ls_out.float() - ref.float()).abs().max().item()
     return {"model": name, "eager_ms": eager * 1e3, "lightspeed_ms": ls_time * 1e3, "inductor_ms": ind_time * 1e3,
             "lightspeed_compile_s": ls_compile, "inductor_compile_s": ind_compile, "max_abs_err": err}
@@ -103,7 +124,10 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=0, help="threads for PyTorch and Lightspeed (0: defaults)")
     ap.add_argument("--hidden", type=int, default=0, help="width of the transformer models (0: the tests' tiny ones)")
     ap.add_argument("--layers", type=int, default=4, help="their depth with --hidden (default 4)")
+    ap.add_argument("--cpu-time", action="store_true", help="time thread CPU time (needs --threads 1)")
     args = ap.parse_args(argv)
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time needs --threads 1 (other threads' work is not the calling thread's CPU time)")
     zoo = dict(ZOO)
     if args.hidden:
         zoo.update(sized_transformers(args.hidden, args.layers))
@@ -113,14 +137,14 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
         set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}, seq {args.seq}, "
-          f"dynamic={args.dynamic}")
+          f"dynamic={args.dynamic}, {'thread CPU time' if args.cpu_time else 'wall time'}")
     head = (f"{'model':14s} {'eager ms':>9s} {'ls ms':>8s} {'ind ms':>8s} {'eager/ls':>9s} {'ind/ls':>7s} "
             f"{'ls comp s':>9s} {'ind comp s':>10s} {'max err':>8s}")
     print(head + (f"   (transformers: hidden {args.hidden}, {args.layers} layers)" if args.hidden else ""))
     ratios = []
     for name in args.models.split(","):
         try:
-            r = bench(name, args.batch, args.seq, args.runs, args.dynamic, zoo)
+            r = bench(name, args.batch, args.seq, args.runs, args.dynamic, zoo, args.cpu_time)
         except Exception as e:  # noqa: BLE001  (report and continue with the next model)
             print(f"{name:14s} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
             continue

@@ -7,7 +7,7 @@ created once (hash-consing), which shares common subexpressions by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from . import symbolic as sym
 from .ops import OPS, Op
 from .shape import ShapeTracker, _shape_str
 from .symbolic import sint
+
+if TYPE_CHECKING:  # tensor.py builds on this module: the annotations only name its class
+    from .tensor import Tensor
 
 
 class ArrayConst:
@@ -50,7 +53,8 @@ class Node:
     __slots__ = ("op", "srcs", "arg", "dtype", "shape", "id", "graph", "__weakref__")
 
     def __init__(self, graph: "Graph", op: Op, srcs, arg, dtype: dt.DType, shape: tuple[sint, ...], nid: int):
-        self.graph, self.op, self.srcs, self.arg, self.dtype, self.shape, self.id = graph, op, srcs, arg, dtype, shape, nid
+        self.graph, self.op, self.srcs, self.arg = graph, op, srcs, arg
+        self.dtype, self.shape, self.id = dtype, shape, nid
 
     def __repr__(self) -> str:
         srcs = ", ".join(f"%{s.id}" for s, _ in self.srcs)

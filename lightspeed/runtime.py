@@ -110,7 +110,8 @@ class CompiledGraph:
             arrays[name] = a
         for v in self.program.dims:
             if v.name not in env:
-                raise ValueError(f"dimension {v.name!r} is unbound: no input determines it; pass dims={{'{v.name}': ...}}")
+                raise ValueError(f"dimension {v.name!r} is unbound: no input determines it; "
+                                 f"pass dims={{'{v.name}': ...}}")
             if not v.lo <= env[v.name] <= v.hi:
                 raise ValueError(f"dimension {v.name!r} = {env[v.name]} is outside its bounds [{v.lo}, {v.hi}]")
         for node in self.program.inputs:

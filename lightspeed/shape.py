@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import symbolic as sym
-from .symbolic import Expr, sint
+from .symbolic import sint
 
 
 def _shape_str(shape: Sequence[sint]) -> str:
@@ -145,9 +145,7 @@ class View:
             return None
         # drop size-1 axes, then match groups of old axes to groups of new axes by product
         old = [(s, st) for s, st in zip(self.shape, self.strides) if not sym.same(s, 1)]
-        new_strides: list[sint] = []
         oi = 0
-        pending: list[int] = []  # new axes waiting for their old group
         new_nontrivial = [k for k, s in enumerate(new_shape) if not sym.same(s, 1)]
         strides_out: dict[int, sint] = {k: 0 for k in range(len(new_shape))}
         ni = 0

@@ -193,7 +193,12 @@ class Sum(Expr):
         parts = []
         for t, k in self.terms:
             s = t.render(name, c)
-            parts.append(s if k == 1 else f"{s}*{Const(k).render(name, c)}" if k > 0 else f"-{s}" if k == -1 else f"{s}*({Const(k).render(name, c)})")
+            if k == 1:
+                parts.append(s)
+            elif k > 0:
+                parts.append(f"{s}*{Const(k).render(name, c)}")
+            else:
+                parts.append(f"-{s}" if k == -1 else f"{s}*({Const(k).render(name, c)})")
         if self.const:
             parts.append(Const(self.const).render(name, c))
         text = parts[0]
@@ -675,6 +680,11 @@ def floordiv(a: sint, b: sint) -> sint:
             if split is not None:  # (g*q + s) // (g*e) = q // e when 0 <= s < g
                 g, q, _ = split
                 return add(quotient, floordiv(q, dm[0] // g))
+        else:
+            split = _split_by_dims(r, dm)
+            if split is not None:  # (G*q + s) // (G*e) = q // e when 0 <= s < G, G a multiple of dims
+                c, q, _ = split
+                return add(quotient, floordiv(q, dm[0] // c))
         if quotient != 0:
             return add(quotient, floordiv(r, b))
         a = r
@@ -722,6 +732,33 @@ def _split_by_factor(a: Expr, d: int) -> tuple[int, sint, sint] | None:
             continue
         best = (g, _make_sum(big, const // g), _simplest(to_expr(small)) if not isinstance(small, int) else small)
     return best
+
+
+def _split_by_dims(a: Expr, d: tuple[int, tuple[Expr, ...]]) -> tuple[int, sint, sint] | None:
+    """(c, q, s) with a == G*q + s, G = c * (the product of d's symbolic factors), c a divisor of d's
+    coefficient and 0 <= s < G proven: the terms G divides form G*q, the rest s; the largest such c. A row of
+    an expanded view reshaped to rows x keys, keys a symbolic extent: ``(keys*i + j) // (keys*3)`` is
+    ``i // 3`` for the key index j < keys."""
+    coef, factors = d
+    dims = prod(factors)
+    if coef <= 0 or to_expr(dims).lo <= 0:
+        return None
+    terms, const = _as_sum(a)
+    for c in sorted((c for c in range(1, coef + 1) if coef % c == 0), reverse=True):
+        big: sint = 0
+        small: dict[Expr, int] = {}
+        for t, k in terms.items():
+            q = _divide_monomial(t, k, (c, factors))
+            if q is None:
+                small[t] = k
+            else:
+                big = add(big, q)
+        if sym_is_zero(big):
+            continue
+        rest = _make_sum(small, const)
+        if proven_ge(rest, 0) and proven_lt(rest, mul(dims, c)):
+            return c, big, (_simplest(to_expr(rest)) if not isinstance(rest, int) else rest)
+    return None
 
 
 def _div_bounds(a: Expr, b: Expr) -> tuple[int, int]:
@@ -773,6 +810,11 @@ def mod(a: sint, b: sint) -> sint:
             if split is not None:  # (g*q + s) % (g*e) = g*(q % e) + s when 0 <= s < g
                 g, q, small = split
                 return add(mul(mod(q, dm[0] // g), g), small)
+        else:
+            split = _split_by_dims(a, dm)
+            if split is not None:  # (G*q + s) % (G*e) = G*(q % e) + s when 0 <= s < G
+                c, q, small = split
+                return add(mul(mod(q, dm[0] // c), mul(prod(dm[1]), c)), small)
     if b.lo > 0:
         lo, hi = (0, b.hi - 1) if a.lo < 0 else (0, min(a.hi, b.hi - 1))
     elif b.hi < 0:  # floor modulo takes the divisor's sign

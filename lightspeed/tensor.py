@@ -310,8 +310,10 @@ class Tensor:
                 if i.start is not None:
                     b = sym.smin(b, size) if not sym.is_const(size) or not sym.is_const(b) else min(int(b), int(size))
                 if i.stop is not None:
-                    e = sym.smax(sym.smin(e, size), b) if not (sym.is_const(size) and sym.is_const(e)
-                                                               and sym.is_const(b)) else max(min(int(e), int(size)), int(b))
+                    if sym.is_const(size) and sym.is_const(e) and sym.is_const(b):
+                        e = max(min(int(e), int(size)), int(b))
+                    else:
+                        e = sym.smax(sym.smin(e, size), b)
                 ranges.append((b, e))
                 length = sym.add(e, sym.mul(b, -1))
                 if step != 1:
@@ -340,7 +342,8 @@ class Tensor:
     def __add__(self, o): return self.add(o)
     def __radd__(self, o): return self.add(o, reverse=True)
     def __sub__(self, o): return self.sub(o)
-    def __rsub__(self, o): return self._operand(o).broadcast_to(self.shape).sub(self) if not isinstance(o, Tensor) else o.sub(self)
+    def __rsub__(self, o):
+        return self._operand(o).broadcast_to(self.shape).sub(self) if not isinstance(o, Tensor) else o.sub(self)
     def __mul__(self, o): return self.mul(o)
     def __rmul__(self, o): return self.mul(o, reverse=True)
     def __truediv__(self, o): return self.div(o)

@@ -17,7 +17,7 @@ from lightspeed.kernel.ir import loop_var
 from lightspeed.ops import Op
 
 N = sym.dim("n", 2, 64)
-I = loop_var("ko", N)
+KO = loop_var("ko", N)
 R = loop_var("kr", N)
 
 
@@ -54,7 +54,7 @@ def test_index_text_is_the_same_as_render_c_when_nothing_is_named(monkeypatch) -
     monkeypatch.setattr(cse, "MIN_SAVED", 1 << 30)
     rng = random.Random(0)
     m, t = sym.dim("m", 0, 9), sym.Var("t", -6, 5)
-    leaves = [N, m, t, I, 3, -2, 1 << 40]
+    leaves = [N, m, t, KO, 3, -2, 1 << 40]
 
     def build(depth: int) -> sym.sint:
         if depth == 0:
@@ -80,7 +80,7 @@ def test_index_text_is_the_same_as_render_c_when_nothing_is_named(monkeypatch) -
 
 def test_a_repeated_index_is_named_once() -> None:
     x = buf("x")
-    off = long_offset(I)
+    off = long_offset(KO)
     r = renderer(x)
     text = r.expr(mul(load_(x, off), load_(x, off)))
     plain = sym.render_c(off, r.var)
@@ -89,8 +89,8 @@ def test_a_repeated_index_is_named_once() -> None:
 
 def test_a_load_under_a_select_is_named_inside_it_only() -> None:
     x = buf("x")
-    load = load_(x, long_offset(I))
-    guarded = ir.Select(sym.lt(I, 5), mul(load, load), dt.float32)
+    load = load_(x, long_offset(KO))
+    guarded = ir.Select(sym.lt(KO, 5), mul(load, load), dt.float32)
     text = renderer(x).expr(ir.Alu(Op.ADD, (guarded, ir.Const(1.0, dt.float32)), dt.float32))
     assert "const float" in text and text.index("const float") > text.index("?"), text
     # evaluated unconditionally next to the select as well: named once, before it, and read inside it
@@ -100,7 +100,7 @@ def test_a_load_under_a_select_is_named_inside_it_only() -> None:
 
 def test_a_loop_invariant_operand_of_a_reduce_stays_in_its_loop() -> None:
     x = buf("x")
-    load = load_(x, long_offset(I))  # does not read the reduced variable, but the loop may run 0 times
+    load = load_(x, long_offset(KO))  # does not read the reduced variable, but the loop may run 0 times
     text = renderer(x).expr(ir.Reduce(Op.SUM_REDUCE, R, N, mul(load, load), dt.float32))
     assert text.index("const float") > text.index("for ("), text
 
@@ -108,24 +108,24 @@ def test_a_loop_invariant_operand_of_a_reduce_stays_in_its_loop() -> None:
 def test_a_gather_body_names_its_operands_inside_the_row_check() -> None:
     x, idx = buf("x"), buf("idx", dt.int32)
     g = loop_var("kg", N)
-    row = load_(x, sym.add(long_offset(g), I))
-    other = load_(x, long_offset(I))  # does not read the gathered row, but is evaluated only when it is valid
+    row = load_(x, sym.add(long_offset(g), KO))
+    other = load_(x, long_offset(KO))  # does not read the gathered row, but is evaluated only when it is valid
     body = ir.Alu(Op.ADD, (mul(row, row), mul(other, other)), dt.float32)
-    text = renderer(x, idx).expr(ir.Gather(load_(idx, I), g, N, body, dt.float32))
+    text = renderer(x, idx).expr(ir.Gather(load_(idx, KO), g, N, body, dt.float32))
     assert text.count("const float") == 2 and text.index("const float") > text.index("?"), text
 
 
 def test_an_integer_modulo_names_its_dividend_only_where_it_is_evaluated() -> None:
     x, y = buf("x", dt.int32), buf("y", dt.int32)
-    a = load_(x, long_offset(I))
+    a = load_(x, long_offset(KO))
     dividend = ir.Alu(Op.ADD, (mul(a, a), ir.Const(1, dt.int32)), dt.int32)
-    text = renderer(x, y).expr(ir.Alu(Op.MOD, (dividend, load_(y, I)), dt.int32))
+    text = renderer(x, y).expr(ir.Alu(Op.MOD, (dividend, load_(y, KO)), dt.int32))
     assert text.index("const int32_t") > text.index("_m == -1"), text
 
 
 def test_the_right_side_of_and_is_named_after_the_left() -> None:
-    q = sym.floordiv(sym.add(sym.mul(I, N), 11), sym.add(N, 1))
-    e = sym.logical_and(sym.lt(sym.mod(I, 2), 1), sym.lt(I, sym.add(sym.mod(q, 7), sym.floordiv(q, 3))))
+    q = sym.floordiv(sym.add(sym.mul(KO, N), 11), sym.add(N, 1))
+    e = sym.logical_and(sym.lt(sym.mod(KO, 2), 1), sym.lt(KO, sym.add(sym.mod(q, 7), sym.floordiv(q, 3))))
     assert isinstance(e, sym.And) and q in _subterms(e.b) and q not in _subterms(e.a)
     text = renderer().idx(e)
     assert text.index("const int64_t") > text.index("&&"), text
@@ -154,8 +154,8 @@ def test_a_variable_rebound_by_an_inner_loop_is_not_shared() -> None:
 
 def test_rendering_is_deterministic() -> None:
     x = buf("x")
-    load = load_(x, long_offset(I))
-    value = ir.Alu(Op.ADD, (ir.Select(sym.lt(I, 5), mul(load, load), dt.float32), mul(load, load)), dt.float32)
+    load = load_(x, long_offset(KO))
+    value = ir.Alu(Op.ADD, (ir.Select(sym.lt(KO, 5), mul(load, load), dt.float32), mul(load, load)), dt.float32)
     assert len({renderer(x).expr(value) for _ in range(3)}) == 1
 
 

@@ -128,7 +128,8 @@ class GraphMaker:
 
     def add(self, v: Val, what: str) -> Val:
         self.pool.append(v)
-        self.log.append(f"#{len(self.pool) - 1} = {what} -> {v.t.dtype.name}{tuple(v.t.shape)} exact={v.exact} mag={v.mag:g}")
+        self.log.append(f"#{len(self.pool) - 1} = {what} -> {v.t.dtype.name}{tuple(v.t.shape)} "
+                        f"exact={v.exact} mag={v.mag:g}")
         return v
 
     # inputs -------------------------------------------------------------------------------------
@@ -311,7 +312,8 @@ class GraphMaker:
         safe = x * x + 1.0  # >= 1: logs, roots and reciprocals of it are well conditioned
         opts = [("neg", lambda: -x, m, v.exact), ("abs", lambda: x.abs(), m, v.exact),
                 ("relu", lambda: x.relu(), m, v.exact), ("sigmoid", lambda: x.sigmoid(), 1.0, False),
-                ("tanh", lambda: x.tanh(), 1.0, False), ("log_safe", lambda: safe.log(), 2 * math.log(m + 1) + 1, False),
+                ("tanh", lambda: x.tanh(), 1.0, False),
+                ("log_safe", lambda: safe.log(), 2 * math.log(m + 1) + 1, False),
                 ("sqrt_safe", lambda: safe.sqrt(), m + 1, False), ("recip_safe", lambda: safe.recip(), 1.0, False),
                 ("silu", lambda: x.silu(), m, False)]
         if m <= 50:
@@ -458,7 +460,8 @@ class GraphMaker:
         k = x.shape[-1]
         n = self.axis_size()
         bshape = (k, n) if self.draw(st.integers(0, 3)) else (k,)
-        b = self.fit(a, bshape) if self.draw(st.integers(0, 4)) == 0 else self.fit(self.pick(lambda v: not v.lowp), bshape)
+        same = self.draw(st.integers(0, 4)) == 0
+        b = self.fit(a, bshape) if same else self.fit(self.pick(lambda v: not v.lowp), bshape)
         y = b.t if b.dtype.is_float else b.t.cast(dt.float32)
         if x.dtype is not dt.float32:
             x = x.cast(dt.float32)
@@ -491,7 +494,8 @@ class GraphMaker:
             shape = tuple(self.axis_size() for _ in range(self.draw(st.integers(0, 2))))
             idx = self.new_input(dt.int32, shape, _index_gen(rows), float(_ub(rows) + 3))
         out = data.t.gather(idx.t)
-        self.add(Val(out, data.exact, data.mag, data.lowp), f"gather(#{self.pool.index(data)}, #{self.pool.index(idx)})")
+        self.add(Val(out, data.exact, data.mag, data.lowp),
+                 f"gather(#{self.pool.index(data)}, #{self.pool.index(idx)})")
 
     def op_scatter(self) -> None:
         dest = self.pick(lambda v: v.t.ndim >= 1 and not v.lowp)
@@ -666,7 +670,8 @@ def _compare(got: np.ndarray, want: np.ndarray, v: Val, what: str) -> None:
 @st.composite
 def gemm_schedules(draw):
     """None (the heuristics) or a random valid schedule for every gemm kernel of a graph: register blocks,
-    vector widths, tiles (odd multiples), unrolls."""
+    vector widths, tiles (odd multiples), unrolls, a packed per work item or not (in place, or shared
+    panels packed once per call)."""
     if draw(st.booleans()):
         return None
     w = draw(st.sampled_from([4, 8, 16]))
@@ -675,7 +680,8 @@ def gemm_schedules(draw):
     nr = w * nv
     return Schedule((Parallel("m"), Tile("m", mr * draw(st.integers(1, 5))), Tile("n", nr * draw(st.integers(1, 3))),
                      Tile("k", draw(st.sampled_from([1, 3, 8, 32, 256]))), Register("m", mr), Register("n", nr),
-                     Vectorize("n", w), Pack("a", "k"), Pack("b", "k"), Unroll("k", draw(st.sampled_from([1, 2, 4])))))
+                     Vectorize("n", w)) + ((Pack("a", "k"),) if draw(st.booleans()) else ())
+                    + (Pack("b", "k"), Unroll("k", draw(st.sampled_from([1, 2, 4])))))
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None, phases=PHASES,

@@ -17,9 +17,10 @@ from lightspeed.kernel.schedule import (Order, Pack, Parallel, Register, Schedul
 RNG = np.random.default_rng(0)
 
 
-def _schedule(mr: int, nr: int, w: int, mc: int, nc: int, kc: int, u: int) -> Schedule:
+def _schedule(mr: int, nr: int, w: int, mc: int, nc: int, kc: int, u: int, pack_a: bool = True) -> Schedule:
     return Schedule((Parallel("m"), Parallel("n"), Tile("m", mc), Tile("n", nc), Tile("k", kc), Register("m", mr),
-                     Register("n", nr), Vectorize("n", w), Pack("a", "k"), Pack("b", "k"), Unroll("k", u)))
+                     Register("n", nr), Vectorize("n", w)) + ((Pack("a", "k"),) if pack_a else ())
+                    + (Pack("b", "k"), Unroll("k", u)))
 
 
 def _kinds(prog) -> list[str]:
@@ -150,26 +151,154 @@ def test_a_chosen_schedule_that_cannot_apply_names_the_kernel():
         _matmul_prog(32, 32, 32, False, schedules=lambda kern: bad)
 
 
-@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=32, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 70), k=st.integers(1, 90), n=st.integers(1, 70), transposed=st.booleans(),
        mr=st.sampled_from([1, 2, 3, 4, 6, 8, 12]), w=st.sampled_from([4, 8, 16]), nv=st.integers(1, 3),
        mt=st.integers(1, 4), nt=st.integers(1, 3), kc=st.sampled_from([1, 7, 16, 40, 256]),
-       u=st.sampled_from([1, 2, 4]))
-def test_random_schedules_on_random_shapes_match_numpy(m, k, n, transposed, mr, w, nv, mt, nt, kc, u):
+       u=st.sampled_from([1, 2, 4]), pack_a=st.booleans(), fused_a=st.booleans())
+def test_random_schedules_on_random_shapes_match_numpy(m, k, n, transposed, mr, w, nv, mt, nt, kc, u, pack_a,
+                                                       fused_a):
+    """Every way of reading a: panels per work item (Pack('a')), in place (a plain load, no Pack('a')),
+    panels packed once per call and shared by the items (a fused factor, no Pack('a'))."""
     nr = w * nv
     if mr * nv > 64:
         mr = 4
-    sched = _schedule(mr, nr, w, mr * mt, nr * nt, kc, u)
+    sched = _schedule(mr, nr, w, mr * mt, nr * nt, kc, u, pack_a)
     rows = ls.dim("rows", 1, 80)
     g = ls.Graph()
     a = g.input("a", (rows, k), ls.float32)
+    s = g.input("s", (rows, 1), ls.float32)
     b = g.input("b", (n, k) if transposed else (k, n), ls.float32)
+    left = a * s + 0.5 if fused_a else a
     with time_limit(60, "compile"):
-        prog = g.compile([a @ (b.T if transposed else b)], backend="c", templates=False, gemm=True,
+        prog = g.compile([left @ (b.T if transposed else b)], backend="c", templates=False, gemm=True,
                          schedules=lambda kern: sched)
     av = RNG.standard_normal((m, k), dtype=np.float32)
+    sv = RNG.standard_normal((m, 1), dtype=np.float32)
     bv = RNG.standard_normal((n, k) if transposed else (k, n), dtype=np.float32)
-    (got,) = prog(a=av, b=bv)
-    if "gemm" in _kinds(prog):
-        assert prog.executor.plan.kernels[0].schedule == sched
-    _check(got, av.astype(np.float64) @ (bv.T if transposed else bv).astype(np.float64), k)
+    (got,) = prog(a=av, s=sv, b=bv) if fused_a else prog(a=av, b=bv)
+    gemms = [kern for kern in prog.executor.plan.kernels if kern.kind == "gemm"]
+    if gemms:
+        assert gemms[0].schedule == sched
+    lv = av.astype(np.float64) * sv + 0.5 if fused_a else av.astype(np.float64)
+    _check(got, lv @ (bv.T if transposed else bv).astype(np.float64), k)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_plain_left_operand_is_read_in_place_through_a_strided_view(transposed):
+    """No Pack('a') and a plain load: the micro-kernel reads a's rows where they lie (a slice of a wider
+    array from its second row: a base offset and a row stride other than k), odd row tails included."""
+    seq = ls.dim("seq", 1, 200)
+    g = ls.Graph()
+    x = g.input("x", (seq, 90), ls.float32)
+    w = g.input("w", (70, 61) if transposed else (61, 70), ls.float32)
+    left = x[1:, 3:64]
+    prog = g.compile([left @ (w.T if transposed else w)], backend="c", templates=False)
+    (kern,) = [kern for kern in prog.executor.plan.kernels if kern.kind == "gemm"]
+    assert not kern.schedule.packs("a")
+    src = prog.executor.source
+    assert "_ia(kc, ad" in src and "_apack" not in src
+    wv = RNG.standard_normal((70, 61) if transposed else (61, 70), dtype=np.float32)
+    for rows in (2, 5, 7, 13, 97, 200):
+        xv = RNG.standard_normal((rows, 90), dtype=np.float32)
+        (got,) = prog(x=xv, w=wv)
+        _check(got, xv[1:, 3:64].astype(np.float64) @ (wv.T if transposed else wv), 61)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_a_fused_left_operand_is_packed_once_per_call_into_shared_panels(transposed):
+    """No Pack('a') and a factor that is not a plain load (a norm's scale per row and per column fused into
+    it): its panels are packed once per call (``_apack``) and every work item reads them; symbolic rows at
+    lengths with odd tails, k in several blocks with a partial last one."""
+    seq = ls.dim("seq", 1, 300)
+    g = ls.Graph()
+    x = g.input("x", (seq, 300), ls.float32)
+    r = g.input("r", (seq, 1), ls.float32)
+    gamma = g.input("gamma", (300,), ls.float32)
+    w = g.input("w", (130, 300) if transposed else (300, 130), ls.float32)
+    prog = g.compile([(x * r * gamma) @ (w.T if transposed else w)], backend="c", templates=False)
+    assert "_apack" in prog.executor.source
+    gv = RNG.standard_normal(300, dtype=np.float32)
+    wv = RNG.standard_normal((130, 300) if transposed else (300, 130), dtype=np.float32)
+    for rows in (3, 7, 61, 256, 300):
+        xv = RNG.standard_normal((rows, 300), dtype=np.float32)
+        rv = RNG.random((rows, 1), dtype=np.float32)
+        (got,) = prog(x=xv, r=rv, gamma=gv, w=wv)
+        want = (xv.astype(np.float64) * rv * gv) @ (wv.T if transposed else wv)
+        _check(got, want, 300)
+
+
+def test_without_memory_for_shared_panels_each_item_packs_its_own():
+    """The shared buffer refused (a limit of no floats): the same kernel packs a per work item instead."""
+    from lightspeed.backend.c.compiler import default_flags
+    seq = ls.dim("seq", 1, 200)
+    g = ls.Graph()
+    x = g.input("x", (seq, 150), ls.float32)
+    r = g.input("r", (seq, 1), ls.float32)
+    w = g.input("w", (90, 150), ls.float32)
+    prog = g.compile([(x * r) @ w.T], backend="c", templates=False,
+                     flags=default_flags() + ["-DLS_SHARE_MAX_FLOATS=0"])
+    assert "_apack" in prog.executor.source
+    wv = RNG.standard_normal((90, 150), dtype=np.float32)
+    for rows in (5, 77, 200):
+        xv = RNG.standard_normal((rows, 150), dtype=np.float32)
+        rv = RNG.random((rows, 1), dtype=np.float32)
+        (got,) = prog(x=xv, r=rv, w=wv)
+        _check(got, (xv.astype(np.float64) * rv) @ wv.T, 150)
+
+
+@pytest.mark.parametrize("w", [4, 8, 16])
+def test_a_weight_stored_n_by_k_is_packed_by_block_transposes_with_odd_tails(w):
+    """b read as ``w[n, k]`` (``x @ w.T``), here a slice of a wider array from its second row: panels are
+    packed by w x w register transposes, the columns and k steps past the last whole block one by one."""
+    rows = ls.dim("rows", 1, 100)
+    g = ls.Graph()
+    x = g.input("x", (rows, 45), ls.float32)
+    wt = g.input("wt", (60, 50), ls.float32)
+    right = wt[1:, 2:47]                                   # [59, 45]: row stride 50, offset 52
+    sched = _schedule(3, 2 * w, w, 6, 4 * w, 16, 2, pack_a=False)
+    prog = g.compile([x @ right.T], backend="c", templates=False, schedules=lambda kern: sched)
+    assert f"ls_transpose{w}(bp" in prog.executor.source  # called on the weight, not only defined
+    wv = RNG.standard_normal((60, 50), dtype=np.float32)
+    for m in (1, 4, 9, 100):
+        xv = RNG.standard_normal((m, 45), dtype=np.float32)
+        (got,) = prog(x=xv, wt=wv)
+        _check(got, xv.astype(np.float64) @ wv[1:, 2:47].T, 45)
+
+
+@pytest.mark.parametrize("kc", [16, 256])
+def test_an_epilogue_applies_once_after_the_last_k_block_with_odd_tails(kc):
+    """relu(x @ w.T + b) folded into the gemm: each register block gets the bias and the relu once, after
+    its last k tile (k of 300 in tiles of 16, or one tile), rows and columns with partial blocks."""
+    rows = ls.dim("rows", 1, 200)
+    g = ls.Graph()
+    x = g.input("x", (rows, 300), ls.float32)
+    w = g.input("w", (70, 300), ls.float32)
+    b = g.input("b", (70,), ls.float32)
+    sched = _schedule(6, 32, 16, 12, 64, kc, 2, pack_a=False)
+    prog = g.compile([(x @ w.T + b).relu()], backend="c", templates=False, schedules=lambda kern: sched)
+    (kern,) = [kern for kern in prog.executor.plan.kernels if kern.kind == "gemm"]
+    assert kern.epilogue is not None
+    wv = RNG.standard_normal((70, 300), dtype=np.float32)
+    bv = RNG.standard_normal(70, dtype=np.float32)
+    for m in (7, 61, 200):
+        xv = RNG.standard_normal((m, 300), dtype=np.float32)
+        (got,) = prog(x=xv, w=wv, b=bv)
+        _check(got, np.maximum(xv.astype(np.float64) @ wv.T + bv, 0.0), 300)
+
+
+def test_a_weight_changed_between_calls_is_seen():
+    """Panels are packed from the arrays of each call: a weight updated in place gives the new product."""
+    g = ls.Graph()
+    x = g.input("x", (64, 96), ls.float32)
+    r = g.input("r", (64, 1), ls.float32)
+    w = g.input("w", (80, 96), ls.float32)
+    prog = g.compile([(x * r) @ w.T], backend="c", templates=False)
+    xv = RNG.standard_normal((64, 96), dtype=np.float32)
+    rv = RNG.random((64, 1), dtype=np.float32)
+    wv = RNG.standard_normal((80, 96), dtype=np.float32)
+    (first,) = prog(x=xv, r=rv, w=wv)
+    _check(first, (xv.astype(np.float64) * rv) @ wv.T, 96)
+    wv[3:40] *= -2.0
+    (second,) = prog(x=xv, r=rv, w=wv)
+    _check(second, (xv.astype(np.float64) * rv) @ wv.T, 96)

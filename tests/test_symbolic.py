@@ -403,6 +403,36 @@ def test_a_bounded_remainder_under_a_common_factor_splits_off(data):
 
 
 @given(st.data())
+def test_a_bounded_remainder_under_a_symbolic_factor_splits_off(data):
+    """(G*i + j) // (G*e) == i // e and (G*i + j) % (G*e) == G*(i % e) + j for a symbolic extent G and a loop
+    index j < G: a row of an expanded mask reshaped to rows x keys, keys = min(start + chunk, ctx), whose
+    per-score division by ``G*e`` became a division of the row index by e. Checked at every point."""
+    from lightspeed.kernel import ir
+    cap = data.draw(st.integers(2, 9))
+    e = data.draw(st.integers(1, 4))
+    start, chunk = sym.dim("start", 0, data.draw(st.integers(0, 6))), sym.dim("chunk", 1, data.draw(st.integers(1, 4)))
+    use_min = data.draw(st.booleans())
+    g = sym.smin(sym.add(start, chunk), cap) if use_min else sym.mul(chunk, 2)
+    # a min that folds to start + chunk is a sum: dividing by a multiple of a sum is another rule's (not built)
+    monomial = not use_min or isinstance(g, sym.Min)
+    i, j = ir.loop_var("i", sym.mul(chunk, e + 1)), ir.loop_var("j", g)
+    offset = data.draw(st.integers(0, 1))  # j + 1 may reach G: then nothing may split off
+    a = sym.add(sym.add(sym.mul(g, i), j), offset)
+    q, r = sym.floordiv(a, sym.mul(g, e)), sym.mod(a, sym.mul(g, e))
+    if offset == 0 and e > 1 and monomial:
+        assert "min(" not in str(q) and "chunk" not in str(q), q  # the row index over e alone
+    for sv in range(start.lo, start.hi + 1):
+        for cv in range(chunk.lo, chunk.hi + 1):
+            gv = sym.evaluate(g, {"start": sv, "chunk": cv})
+            for iv in range(cv * (e + 1)):
+                for jv in range(gv):
+                    env = {"start": sv, "chunk": cv, "i": iv, "j": jv}
+                    flat = gv * iv + jv + offset
+                    assert sym.evaluate(q, env) == flat // (gv * e), (a, q, env)
+                    assert sym.evaluate(r, env) == flat % (gv * e), (a, r, env)
+
+
+@given(st.data())
 def test_coefficients_reduce_modulo_the_divisor(data):
     """(c*q + s) // c == q and % c == s when the residues s of the coefficients stay in [0, c): a padded
     image's row ``(kh*67 + oh) % 66``. Checked at every point, with coefficients above, below and around c."""

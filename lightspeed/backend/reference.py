@@ -153,7 +153,8 @@ def eval_node(n: Node, srcs: list[np.ndarray], inputs: dict[str, np.ndarray], en
             data, idx = srcs
             rows = data.shape[0]
             ok = (idx >= 0) & (idx < rows)
-            picked = data[np.where(ok, idx, 0).astype(np.int64)] if rows else np.zeros(idx.shape + data.shape[1:], data.dtype)
+            picked = (data[np.where(ok, idx, 0).astype(np.int64)] if rows
+                      else np.zeros(idx.shape + data.shape[1:], data.dtype))
             ok = ok.reshape(ok.shape + (1,) * (data.ndim - 1))
             return np.where(ok, picked, np.zeros((), data.dtype))
         if op is Op.SCATTER:

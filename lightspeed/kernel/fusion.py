@@ -68,8 +68,12 @@ class Former:
 
     def __init__(self, program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None, gemm: bool = True, byte_loads: bool = False,
-                 fuse_reduced: bool = False):
+                 fuse_reduced: bool = False, recompute_max_cost: int = RECOMPUTE_MAX_COST,
+                 expand_max_cost: int = EXPAND_MAX_COST):
         self.program = program
+        # which values get a buffer: one read by several kernels (or through a broadcast) is recomputed by each
+        # reader when it costs less than these (search level 2 times other settings: search/measured.py)
+        self.recompute_max_cost, self.expand_max_cost = recompute_max_cost, expand_max_cost
         # a value read only by one reduction, through a plain view, is computed inside the reduction loop
         # however expensive (a product with a dequantized weight): storing it saves no work, only memory
         self.fuse_reduced = fuse_reduced
@@ -219,11 +223,11 @@ class Former:
             return len(uses) > 1 or any(not _injective_plain(st) for _, st in uses)
         if self.fuse_reduced and len(uses) == 1 and uses[0][0].op in REDUCE and _injective_plain(uses[0][1]):
             return False
-        if len(uses) > 1 and cost > RECOMPUTE_MAX_COST:
+        if len(uses) > 1 and cost > self.recompute_max_cost:
             return True
-        if any(_expands(st) for _, st in uses) and cost > EXPAND_MAX_COST:
+        if any(_expands(st) for _, st in uses) and cost > self.expand_max_cost:
             return True
-        return cost > 4 * RECOMPUTE_MAX_COST * 4
+        return cost > 16 * max(self.recompute_max_cost, RECOMPUTE_MAX_COST)
 
     def _reduce_schedule(self, n: Node) -> str:
         """'tiled' (accumulate a tile of the last output axis per step of the reduced axis) when that reads
@@ -480,7 +484,8 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
 
 def form_kernels(program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None, gemm: bool = True,
-                 byte_loads: bool = False, fuse_reduced: bool = False) -> KernelPlan:
+                 byte_loads: bool = False, fuse_reduced: bool = False, recompute_max_cost: int = RECOMPUTE_MAX_COST,
+                 expand_max_cost: int = EXPAND_MAX_COST) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
     ``activations`` is how quantized matmuls take their activations: "float" (float32, exact decode),
     "int16" or "int8" (quantized per block of 32 once per call: faster, not bit-exact);
@@ -489,5 +494,8 @@ def form_kernels(program: Program, use_templates: bool = True, activations: str 
     loop forms instead of "gemm" kernels; ``byte_loads`` reads the float16 values a decode rebuilds from two
     bytes (Graph.byte_values) with one load (a backend that renders ``ir.Bytes``); ``fuse_reduced`` computes
     a value that only one reduction reads inside that reduction however expensive it is (the GPU backends:
-    a product with a dequantized weight is otherwise stored as a [seq, k, n] temporary)."""
-    return Former(program, use_templates, activations, lower_only, gemm, byte_loads, fuse_reduced).plan()
+    a product with a dequantized weight is otherwise stored as a [seq, k, n] temporary);
+    ``recompute_max_cost`` / ``expand_max_cost``: a value read by several kernels / through a broadcast is
+    recomputed by its readers below that cost (counted in elementwise ops), else stored once."""
+    return Former(program, use_templates, activations, lower_only, gemm, byte_loads, fuse_reduced,
+                  recompute_max_cost, expand_max_cost).plan()

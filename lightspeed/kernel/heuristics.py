@@ -3,7 +3,8 @@
 A matmul-like kernel gets a BLIS-style schedule: a register block of ``MR x NR`` accumulators that fills
 most of the vector registers (two vectors of the target's width across ``n``), a k tile whose panel of
 ``b`` stays in L1 while the register block walks it, and m x n tiles whose panels stay in L2; work items
-(one tile each) run in parallel. The search (``search/``) improves on these by measurement.
+(one tile each) run in parallel. Only ``b`` is packed per work item: ``a`` is read in place or packed once
+per call (``schedule.Pack``). The search (``search/``) improves on these by measurement.
 """
 from __future__ import annotations
 
@@ -41,12 +42,11 @@ def gemm_schedule(target: Target, columns: int | None = None) -> Schedule:
     # a micro-panel of b takes two thirds of L1, leaving room for the a panel's rows and the c block (on the
     # AVX-512 Xeon, 48 KiB L1: k tiles of 128 against 192 (all of L1) measured 1.0-1.9x, most at 128x768x768)
     kc = _round_down(2 * target.l1_bytes // (3 * nr * 4), 16, lo=64, hi=512)
-    # large tiles: every work item packs its own panels, so the packing per flop falls with the tile size
+    # large tiles: every work item packs its own panels of b, so the packing per flop falls with the tile size
     mc = max(mr, _round_down(target.l2_bytes // 4 // (kc * 4), mr, lo=mr, hi=64 * mr))
     nc = max(nr, _round_down(target.l2_bytes // 4 // (kc * 4), nr, lo=nr, hi=8 * nr))
     return Schedule((Parallel("m"), Parallel("n"), Tile("m", mc), Tile("n", nc), Tile("k", kc),
-                     Register("m", mr), Register("n", nr), Vectorize("n", w), Pack("a", "k"), Pack("b", "k"),
-                     Unroll("k", 4)))
+                     Register("m", mr), Register("n", nr), Vectorize("n", w), Pack("b", "k"), Unroll("k", 4)))
 
 
 def _round_down(x: int, step: int, lo: int, hi: int) -> int:

@@ -18,7 +18,8 @@ from ..ops import Op
 from ..quant import QType
 
 # how a quantized matmul takes its activations: float32 as given, or quantized per block of 32 once per call
-# (int16: scale amax/32767, ~2e-5 relative error per product; int8: scale amax/127, as GGUF's Q8_0 dot products)
+# (int16: scale amax/32639, so each value splits into two signed bytes, ~2e-5 relative error per product; int8:
+# scale amax/127, as GGUF's Q8_0 dot products)
 ACTIVATION_MODES = ("float", "int16", "int8")
 # weight types whose matmul can run with quantized activations (the others keep float activations)
 QUANT_ACT_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}

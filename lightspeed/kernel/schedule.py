@@ -68,7 +68,10 @@ class SplitReduce:
 @dataclass(frozen=True)
 class Pack:
     """Copy the tile of ``operand`` ("a" or "b") a work item reuses into a contiguous panel, ``along`` the
-    axis the micro-kernel walks (so any view, transposed, strided or quantized, reads as a dense stream)."""
+    axis the micro-kernel walks (so any view, transposed, strided or quantized, reads as a dense stream).
+
+    Without a Pack of "a" no work item packs its own panels of it: a renderer reads a plain load of "a"
+    where it lies, and packs any other factor once per call into panels all work items share."""
     operand: str
     along: str
 

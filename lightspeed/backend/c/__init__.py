@@ -12,8 +12,8 @@ import numpy as np
 from ... import memory
 from ... import symbolic as sym
 from ...graph import Program
-from ...kernel.quantized import activation_mode
 from .. import register_backend
+from .activations import resolve_activations, source_prefix
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
@@ -100,8 +100,9 @@ class CBackend:
     ``activations`` (how quantized matmuls of Q8_0/Q4_0/Q4_1 weights take their activations: "float", the
     default, keeps them float32, which reproduces a float reference such as transformers token for token;
     "int16" quantizes them per block of 32 to int16, ~2e-5 relative error in each product; "int8"
-    to int8, as GGUF's Q8_0 dot products do, ~0.5% relative error in each product; ``int8_activations=True``
-    is the older spelling of "int8"), ``search``
+    to int8, as GGUF's Q8_0 dot products do, ~0.5% relative error in each product; "auto" (the language
+    models' default, see models/base.py) int16 for calls of up to 8 rows and, on AVX-512, float for longer
+    ones (activations.py); ``int8_activations=True`` is the older spelling of "int8"), ``search``
     (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
     and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
     (dimension values to tune at), ``huge_pages`` (copy constants of at least 64 KiB, i.e. weights, once
@@ -125,10 +126,10 @@ class CBackend:
         # fuse_reduced: a value only one reduction reads, element by element, is computed inside it however
         # expensive (a product with a Q4_1 weight's decode was otherwise stored as a [seq, k, n] temporary:
         # a 435 MB arena for SmolLM2 with templates=False)
-        form_options = dict(use_templates=templates, activations=activation_mode(activations, int8_activations),
-                            gemm=gemm, byte_loads=True, fuse_reduced=True)
+        mode, quant_rows_max = resolve_activations(activations, int8_activations)
+        form_options = dict(use_templates=templates, activations=mode, gemm=gemm, byte_loads=True, fuse_reduced=True)
         cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None,
-                             profile=profile, portable=portable)
+                             profile=profile, portable=portable, quant_rows_max=quant_rows_max)
         self.plan = cached.plan or form_c_plan(program, form_options, choose=schedules)
         self.profile = profile
         schedule, self.search_report = None, None
@@ -137,7 +138,8 @@ class CBackend:
             self.plan, schedule, self.search_report = search_compile(
                 program, self.plan, search, search_budget_s, cc=cc, flags=flags, dims=search_dims,
                 form_options=form_options)
-        self.source = cached.source or ("#define LS_PORTABLE 1\n" if portable else "") + render_plan(
+        self.source = cached.source or ("#define LS_PORTABLE 1\n" if portable else "") + source_prefix(
+            quant_rows_max) + render_plan(
             self.plan, profile=profile, schedule=schedule)
         cached.store(self.plan, self.source)
         runtime_library()  # the thread pool must be loaded (globally) before any kernel library

@@ -159,7 +159,7 @@ def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str
                   "                if (rr < nr) {",
                   "                    _Pragma(\"omp simd\")",
                   f"                    for (int64_t d = 0; d < {prod.depth}; d++) qa[rr][d] = {r.expr(prod.q)};",
-                  f"                }} else memset(qa[rr], 0, sizeof qa[rr]);",
+                  "                } else memset(qa[rr], 0, sizeof qa[rr]);",
                   "            }",
                   "        }"]
         r.rename.pop(prod.red.var, None)
@@ -252,7 +252,8 @@ def _scores(r, t: AttentionKernel, prod: _Product | None, KB: int, widths) -> li
                       "                    for (int64_t jj = 0; jj < jn; jj++) {",
                       "                        float dot = 0.0f;",
                       "                        _Pragma(\"omp simd reduction(+:dot)\")",
-                      f"                        for (int64_t d = 0; d < {prod.depth}; d++) dot += ({r.expr(prod.q)}) * ({r.expr(prod.k)});",
+                      f"                        for (int64_t d = 0; d < {prod.depth}; d++) "
+                      f"dot += ({r.expr(prod.q)}) * ({r.expr(prod.k)});",
                       "                        s[rr][jj] = dot;",
                       "                    }",
                       "            }"]
@@ -291,7 +292,8 @@ def _dot_tile(r, t: AttentionKernel, prod: _Product, KB: int, vb: int) -> list[s
              f"                    for (int64_t d = 0; d < {prod.depth}; d++) {{"]
     lines += [f"                        const float q{u} = qa[g + {u}][d];" for u in range(RB)]
     for c in range(KV):
-        lines.append(f"                        vec k{c}; memcpy(&k{c}, &kt[d][kc + {c * LN}], {vb});{_keep(f'k{c}', vb)}")
+        lines.append(f"                        vec k{c}; memcpy(&k{c}, &kt[d][kc + {c * LN}], {vb});"
+                     f"{_keep(f'k{c}', vb)}")
         lines += [f"                        {acc[u][c]} += q{u} * k{c};" for u in range(RB)]
     lines.append("                    }")
     for u in range(RB):
@@ -343,7 +345,8 @@ def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
                     "                    for (int64_t jj = 0; jj < jn; jj++) {",
                     "                        const float w = ps[rr][jj];",
                     "                        _Pragma(\"omp simd\")",
-                    f"                        for (int64_t e = 0; e < {t.width}; e++) acc[rr][e] += w * ({r.expr(t.value)});",
+                    f"                        for (int64_t e = 0; e < {t.width}; e++) "
+                    f"acc[rr][e] += w * ({r.expr(t.value)});",
                     "                    }",
                     "            }"]
 
@@ -572,7 +575,8 @@ def _few_rows_scores(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str
                 f"                        ls_v8 dots[{L}] = {{{{0}}}};",
                 f"                        for (int64_t c = 0; c < {D // L}; c++) {{",
                 f"                            const ls_v8 qc = ls_load8(&qs[rr][{L} * c]);",
-                f"                            for (int u = 0; u < {L}; u++) dots[u] += qc * {load}({ptrs}[jj + u] + {L} * c);",
+                f"                            for (int u = 0; u < {L}; u++) "
+                f"dots[u] += qc * {load}({ptrs}[jj + u] + {L} * c);",
                 "                        }",
                 "                        const ls_v8 sums = ls_sum8x8(dots);",
                 "                        memcpy(&s[rr][jj], &sums, sizeof sums);",
@@ -592,7 +596,8 @@ def _few_rows_values(r, t: AttentionKernel) -> list[str]:
                 f"                    for (int c = 0; c < {E // L}; c++) av[c] = ls_load8(&acc[rr][{L} * c]);",
                 "                    for (int64_t jj = 0; jj < jn; jj++) {",
                 "                        const float w = ps[rr][jj];",
-                f"                        for (int c = 0; c < {E // L}; c++) av[c] += w * {load}({ptrs}[jj] + {L} * c);",
+                f"                        for (int c = 0; c < {E // L}; c++) "
+                f"av[c] += w * {load}({ptrs}[jj] + {L} * c);",
                 "                    }",
                 "                    memcpy(&acc[rr][0], av, sizeof av);",
                 "                }"]
@@ -617,7 +622,8 @@ def _value_tile(t: AttentionKernel, vb: int) -> list[str]:
     lines.append("                    for (int64_t jj = 0; jj < jn; jj++) {")
     lines += [f"                        const float w{u} = ps[g + {u}][jj];" for u in range(RB)]
     for c in range(EVV):
-        lines.append(f"                        vec v{c}; memcpy(&v{c}, &vt[jj][ec + {c * LN}], {vb});{_keep(f'v{c}', vb)}")
+        lines.append(f"                        vec v{c}; memcpy(&v{c}, &vt[jj][ec + {c * LN}], {vb});"
+                     f"{_keep(f'v{c}', vb)}")
         lines += [f"                        {acc[u][c]} += w{u} * v{c};" for u in range(RB)]
     lines.append("                    }")
     lines += [f"                    memcpy(&acc[g + {u}][ec + {c * LN}], &{acc[u][c]}, {vb});"

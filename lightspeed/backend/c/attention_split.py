@@ -67,9 +67,9 @@ def store_lines(r, k: ir.Kernel, s: KeySplit) -> list[str]:
 def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer: list[str], out_off: str,
                    M: str | None, C: str, QB: int, few_rows: int) -> list[str]:
     """``static void KFN_merge(void *vctx)``: every outer index's parts merged into the output. ``head``:
-    the declarations (buffers, NI, NJ); ``P``: the number of outer indices; ``outer``: the lines that set the outer loop variables from
-    ``row``; ``out_off``: the output offset at rows ``i0 + rr`` and column ``e``; ``M``: the mask's
-    constant when masked blocks may have been skipped."""
+    the declarations (buffers, NI, NJ); ``P``: the number of outer indices; ``outer``: the lines that set the
+    outer loop variables from ``row``; ``out_off``: the output offset at rows ``i0 + rr`` and column ``e``;
+    ``M``: the mask's constant when masked blocks may have been skipped."""
     f = _fields(s, "part_rec(sp)")
     R, W = s.rows, s.width
     lines = ["static void KFN_merge(void *vctx) {"] + head + [
@@ -92,7 +92,8 @@ def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer:
         lines += ["        int exact = 1;",
                   "        for (int64_t rr = 0; rr < nr; rr++)",
                   f"            exact &= badg[rr] || ({M} - mg[rr]) * {C} < {ZERO_EXPONENT}f;",
-                  "        if (!exact) {  /* a skipped key has a weight: run the parts that skipped again, unskipped */",
+                  "        if (!exact) {  /* a skipped key has a weight: run the parts that skipped again, "
+                  "unskipped */",
                   "            for (int64_t sp = 0; sp < S; sp++) {",
                   "                const float *rec0 = part_rec(sp);",
                   f"                if (rec0[{3 * R}] != 0.0f) KFN_items(vctx, g * S + sp, g * S + sp + 1, 1);",
@@ -100,7 +101,8 @@ def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer:
                   "            for (int64_t rr = 0; rr < nr; rr++) {",
                   "                mg[rr] = -INFINITY; badg[rr] = 0;",
                   "                for (int64_t sp = 0; sp < S; sp++) {",
-                  f"                    mg[rr] = {f['m']} > mg[rr] ? {f['m']} : mg[rr]; badg[rr] |= {f['bad']} != 0.0f;",
+                  f"                    mg[rr] = {f['m']} > mg[rr] ? {f['m']} : mg[rr]; "
+                  f"badg[rr] |= {f['bad']} != 0.0f;",
                   "                }",
                   "            }",
                   "        }"]

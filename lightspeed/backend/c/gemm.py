@@ -2,19 +2,23 @@
 
 A work item is one tile of ``Tile("m")`` x ``Tile("n")`` outputs (of one batch index). For each block of
 ``Tile("k")`` reduction steps it packs the item's tile of ``b`` into panels of ``Register("n")`` columns
-and its tile of ``a`` into panels of ``Register("m")`` rows (``Pack``: the factors are IR expressions, so
-a transposed, strided or quantized operand is read through its own index arithmetic once and then
-streams densely), and runs the micro-kernel on every pair of panels: an ``MR x NR`` block of
-accumulators held in GCC vector-extension registers of ``Vectorize("n")`` lanes, updated by one
-broadcast multiply-add per row and vector per step of k (``Unroll("k")``). Partial tiles compute on
-zero-padded panels and store their valid part. No intrinsics: the vector types lower to AVX-512, AVX2,
-NEON or plain code, whatever the compiler targets.
+(the factors are IR expressions, so a transposed, strided or quantized operand is read through its own
+index arithmetic once and then streams densely; a weight stored ``[n, k]`` is packed by register block
+transposes), and runs the micro-kernel on every panel and block of ``Register("m")`` rows of ``a``: an
+``MR x NR`` block of accumulators held in GCC vector-extension registers of ``Vectorize("n")`` lanes,
+updated by one broadcast multiply-add per row and vector per step of k (``Unroll("k")``). ``a`` is read
+in one of three ways: with ``Pack("a")`` each item packs panels of its rows; without it a plain load is
+read where it lies, and any other factor is packed once per call into panels all items share (a first
+parallel pass). Partial tiles compute on zero-padded panels (or a repeated last row) and store their
+valid part. No intrinsics: the vector types lower to AVX-512, AVX2, NEON or plain code, whatever the
+compiler targets.
 
 Few rows (``M < Register("m") / 2``: decode) make packing a loss, so such calls run the kernel's plain loop
 form instead (rendered by the caller as ``small``).
 """
 from __future__ import annotations
 
+from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.ir import loop_var
@@ -46,8 +50,8 @@ def gemm_sizes(s: Schedule) -> dict[str, int]:
         raise ScheduleError(f"gemm schedule: Vectorize width {out['W']} is not a power of two")
     if out["MR"] * out["NR"] // out["W"] > 64:
         raise ScheduleError(f"gemm schedule: {out['MR']}x{out['NR']} accumulators of {out['W']} lanes is too many")
-    if not (s.packs("a") and s.packs("b")):
-        raise ScheduleError("gemm schedule: both operands must be packed (Pack('a', 'k'), Pack('b', 'k'))")
+    if not s.packs("b"):
+        raise ScheduleError("gemm schedule: the micro-kernel reads b from packed panels (Pack('b', 'k'))")
     return out
 
 
@@ -57,22 +61,31 @@ def pack_floats(s: Schedule) -> int:
     return z["MC"] * z["KC"] + z["KC"] * z["NC"] + z["MR"] * z["NR"]
 
 
-def micro_kernel(MR: int, NR: int, W: int, U: int) -> tuple[str, str]:
-    """(name, C text) of the MR x NR micro-kernel with W-lane vectors: c[i, j] (=|+=) sum_kk a[kk, i] b[kk, j]
-    over packed panels ``ap`` (kc x MR) and ``bp`` (kc x NR); ``tile`` receives partial blocks."""
-    name = f"ls_ukr_{MR}x{NR}_w{W}_u{U}"
+def micro_kernel(MR: int, NR: int, W: int, U: int, packed_a: bool = True) -> tuple[str, str]:
+    """(name, C text) of the MR x NR micro-kernel with W-lane vectors: c[i, j] (=|+=) sum_kk a[i, kk] b[kk, j]
+    over a packed panel ``bp`` (kc x NR) of b and either a packed panel ``ap`` (kc x MR; ``lda`` unused) or,
+    ``packed_a`` False, ``a`` in place: row i at ``ap + i * lda``, unit stride along k (rows past ``mr`` read
+    row ``mr - 1`` again, so a partial block reads no memory past the operand); ``tile`` receives partial
+    blocks."""
+    name = f"ls_ukr_{MR}x{NR}_w{W}_u{U}" + ("" if packed_a else "_ia")
     nv = NR // W
     vt = f"ls_vf{W}"
     acc = [[f"c{i}_{v}" for v in range(nv)] for i in range(MR)]
     lines = [f"static inline __attribute__((always_inline)) void {name}(int64_t kc, const float *restrict ap, "
-             "const float *restrict bp, float *restrict c, int64_t ldc, int64_t mr, int64_t nr, int first, "
-             "float *restrict tile) {"]
+             "int64_t lda, const float *restrict bp, float *restrict c, int64_t ldc, int64_t mr, int64_t nr, "
+             "int first, float *restrict tile) {"]
+    if packed_a:
+        lines.append("    (void)lda;")
+        a_at = [f"ap[kk * {MR} + {i}]" for i in range(MR)]
+    else:
+        lines += [f"    const float *restrict a{i} = ap + ({i} < mr ? {i} : mr - 1) * lda;" for i in range(MR)]
+        a_at = [f"a{i}[kk]" for i in range(MR)]
     lines += [f"    {vt} " + ", ".join(f"{a} = {{0}}" for a in row) + ";" for row in acc]
     lines += [f'    _Pragma("GCC unroll {U}")' if U > 1 else "",
               "    for (int64_t kk = 0; kk < kc; kk++) {"]
     lines += [f"        const {vt} b{v} = ls_vload{W}(bp + kk * {NR} + {v * W});" for v in range(nv)]
     for i in range(MR):
-        lines.append(f"        {{ const float a = ap[kk * {MR} + {i}]; "
+        lines.append(f"        {{ const float a = {a_at[i]}; "
                      + " ".join(f"{acc[i][v]} += a * b{v};" for v in range(nv)) + " }")
     lines += ["    }",
               f"    if (mr == {MR} && nr == {NR}) {{",
@@ -135,36 +148,138 @@ def _pack_lines(dst: str, x: ir.IR, r, ov: str, kv: str, o0: str, on: str, R: in
     return head + body + ["            }"]
 
 
+def _transposed_pack_lines(r, x: ir.IR, rows: tuple, ov: str, kv: str, R: int, W: int) -> list[str]:
+    """Lines that pack factor ``x`` = ``buf[base + o * stride + k]`` (a matrix stored along k, e.g. a weight
+    ``[n, k]``) for outputs ``j0 .. j0 + nc`` into panels of ``R`` like ``_pack_lines``: W x W blocks are
+    transposed in registers (``ls_transpose{W}``); the columns and k steps past the last whole block are
+    copied one by one."""
+    buf, base, stride = rows
+    text = r.expr(x)
+    src = f"{r.buf(buf)} + ({r.idx(base)}) + (j0 + o + tb) * ({r.idx(stride)}) + k0"
+    return [f"            for (int64_t o = 0; o < nc; o += {R}) {{",
+            "                float *restrict pan = bp + o * kc;",
+            f"                const int64_t rn = ls_min({R}, nc - o);",
+            f"                if (rn < {R}) for (int64_t t = 0; t < kc * {R}; t++) pan[t] = 0.0f;",
+            "                int64_t tb = 0;",
+            f"                for (; tb + {W} <= rn; tb += {W}) {{",
+            "                    int64_t kk = 0;",
+            f"                    for (; kk + {W} <= kc; kk += {W})",
+            f"                        ls_transpose{W}({src} + kk, ({r.idx(stride)}), pan + kk * {R} + tb, {R});",
+            "                    for (; kk < kc; kk++) {",
+            f"                        const int64_t {kv} = k0 + kk;",
+            f"                        for (int64_t t = tb; t < tb + {W}; t++) {{",
+            f"                            const int64_t {ov} = j0 + o + t;",
+            f"                            pan[kk * {R} + t] = {text};",
+            "                        }", "                    }", "                }",
+            "                for (int64_t t = tb; t < rn; t++) {",
+            f"                    const int64_t {ov} = j0 + o + t;",
+            "                    for (int64_t kk = 0; kk < kc; kk++) {",
+            f"                        const int64_t {kv} = k0 + kk;",
+            f"                        pan[kk * {R} + t] = {text};",
+            "                    }", "                }", "            }"]
+
+
 TILES_HELPER = """extern int ls_get_num_threads(void);
 /* a gemm kernel's launch: the step's buffers and the tile sizes its launcher chose for this call */
-typedef struct { ls_launch l; int64_t mt, nt; } ls_gemm_launch;
+typedef struct { ls_launch l; int64_t mt, nt; float *ash; } ls_gemm_launch;
+#include <stdlib.h>
+/* the calling thread's buffer for a call's shared panels (grown on demand; NULL past LS_SHARE_MAX_FLOATS,
+ * 256 MiB, or when memory is short: the kernel then packs per work item). Per thread, so concurrent calls
+ * from several threads do not share it. */
+#ifndef LS_SHARE_MAX_FLOATS
+#define LS_SHARE_MAX_FLOATS ((int64_t)1 << 26)
+#endif
+static _Thread_local float *ls_share_buf;
+static _Thread_local int64_t ls_share_cap;
+static inline float *ls_gemm_share(int64_t n) {
+    if (n > LS_SHARE_MAX_FLOATS) return NULL;
+    if (n > ls_share_cap) {
+        void *p = NULL;
+        free(ls_share_buf);
+        ls_share_buf = NULL;
+        ls_share_cap = 0;
+        if (posix_memalign(&p, 64, (size_t)n * sizeof(float)) != 0) return NULL;
+        ls_share_buf = (float *)p;
+        ls_share_cap = n;
+    }
+    return ls_share_buf;
+}
 /* runtime tile sizes: the schedule's tiles, halved (in whole register blocks) while a call has fewer
  * than three work items per thread, so small matrices still spread over the threads */
 static inline void ls_gemm_tiles(int64_t B, int64_t M, int64_t N, int64_t MC, int64_t NC, int64_t MR, int64_t NR,
-                                 int64_t *mt, int64_t *nt) {
+                                 int packs_a, int64_t *mt, int64_t *nt) {
     const int64_t want = 3 * (int64_t)ls_get_num_threads();
     int64_t mc = ls_min(MC, (M + MR - 1) / MR * MR), nc = ls_min(NC, (N + NR - 1) / NR * NR);
-    /* halve the longer side first: an item packs mc + nc panel rows per mc * nc outputs, least when square */
+    /* an item packs mc + nc panel rows per mc * nc outputs (least when square: halve the longer side first);
+     * with a read in place it packs only nc, once for all its rows: halve n first, so b is packed once */
     while (B * ((M + mc - 1) / mc) * ((N + nc - 1) / nc) < want) {
-        if (mc >= nc && mc >= 2 * MR) mc = (mc / 2 + MR - 1) / MR * MR;
+        if (!packs_a && nc >= 2 * NR) nc = (nc / 2 + NR - 1) / NR * NR;
+        else if (mc >= nc && mc >= 2 * MR) mc = (mc / 2 + MR - 1) / MR * MR;
         else if (nc >= 2 * NR) nc = (nc / 2 + NR - 1) / NR * NR;
         else if (mc >= 2 * MR) mc = (mc / 2 + MR - 1) / MR * MR;
         else break;
+    }
+    if (!packs_a) {
+        /* whole panels per item: of the widths that still give `want` items (or no wider than halving left),
+         * the one whose busiest thread computes the fewest panels, the widest of those (1152 columns: 6
+         * items of 3 panels, not 9 of 2) */
+        const int64_t T = ls_get_num_threads(), pan = (N + NR - 1) / NR, rest = B * ((M + mc - 1) / mc);
+        int64_t best = nc / NR, span = -1;
+        for (int64_t per = ls_min(NC / NR, pan); per >= 1; per--) {
+            const int64_t items = rest * ((pan + per - 1) / per);
+            if (items < want && per > nc / NR) continue;
+            const int64_t s = (items + T - 1) / T * per;
+            if (span < 0 || s < span) { span = s; best = per; }
+        }
+        nc = best * NR;
     }
     *mt = mc; *nt = nc;
 }
 """
 
 
+SHUFFLE_HELPER = """/* a two-vector shuffle with constant lane indices (GCC and Clang spell it differently) */
+#if defined(__clang__)
+#define LS_SHUF(T, IT, x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#else
+#define LS_SHUF(T, IT, x, y, ...) __builtin_shuffle(x, y, (IT){__VA_ARGS__})
+#endif
+"""
+
+
+def transpose_helper(w: int) -> str:
+    """C text of ``ls_transpose{w}(src, ld, dst, ldd)``: the w x w block of floats whose row i is at
+    ``src + i * ld`` stored transposed, row j at ``dst + j * ldd``, by log2(w) rounds of two-vector
+    shuffles (round b swaps the off-diagonal b x b blocks of each 2b x 2b block)."""
+    lines = [f"typedef int ls_vi{w} __attribute__((vector_size({4 * w})));",
+             f"static inline void ls_transpose{w}(const float *restrict src, int64_t ld, float *restrict dst, "
+             "int64_t ldd) {",
+             f"    ls_vf{w} " + ", ".join(f"r{i} = ls_vload{w}(src + {i} * ld)" for i in range(w)) + ";"]
+    b = 1
+    while b < w:
+        for i in range(w):
+            if i & b:
+                continue
+            lo = [lane if not lane & b else w + lane - b for lane in range(w)]
+            hi = [lane + b if not lane & b else w + lane for lane in range(w)]
+            lines.append(f"    {{ const ls_vf{w} x = r{i}, y = r{i + b};")
+            lines.append(f"      r{i} = LS_SHUF(ls_vf{w}, ls_vi{w}, x, y, {', '.join(map(str, lo))});")
+            lines.append(f"      r{i + b} = LS_SHUF(ls_vf{w}, ls_vi{w}, x, y, {', '.join(map(str, hi))}); }}")
+        b *= 2
+    lines += [f"    ls_vstore{w}(dst + {i} * ldd, r{i});" for i in range(w)]
+    return "\n".join(lines + ["}"])
+
+
 def vector_helpers(widths) -> str:
-    """Typedefs and unaligned load/store helpers for float vectors of the given lane counts, and the
-    runtime tile-size helper of gemm kernels."""
-    out = [TILES_HELPER]
+    """Typedefs and unaligned load/store helpers for float vectors of the given lane counts, their block
+    transposes (packing a weight stored [n, k]), and the runtime tile-size helper of gemm kernels."""
+    out = [TILES_HELPER, SHUFFLE_HELPER]
     for w in sorted(set(widths)):
         out += [f"typedef float ls_vf{w} __attribute__((vector_size({4 * w})));",
                 f"static inline ls_vf{w} ls_vload{w}(const float *p) "
                 f"{{ ls_vf{w} v; memcpy(&v, p, sizeof v); return v; }}",
-                f"static inline void ls_vstore{w}(float *p, ls_vf{w} v) {{ memcpy(p, &v, sizeof v); }}"]
+                f"static inline void ls_vstore{w}(float *p, ls_vf{w} v) {{ memcpy(p, &v, sizeof v); }}",
+                transpose_helper(w)]
     return "\n".join(out) + "\n"
 
 
@@ -175,6 +290,40 @@ def _blocks(x: ir.IR, kvar: sym.Var, size: sym.sint, kc: int) -> tuple | None:
         return None
     found = block_split(x, kvar, int(size), loop_var)
     return found if found is not None and kc % found[0] == 0 else None
+
+
+def in_place(x: ir.IR, ovar: sym.Var, kvar: sym.Var) -> tuple[ir.Buffer, sym.sint, sym.sint] | None:
+    """(buffer, offset at ``ovar = kvar = 0``, stride of ``ovar``) when factor ``x`` is a float32 load whose
+    offset is that base plus ``ovar`` times the stride plus ``kvar`` (unit stride along k, the stride and base
+    free of both), so the micro-kernel can read it where it lies; else None."""
+    if not isinstance(x, ir.Load) or x.dtype is not dt.float32 or x.buf.dtype is not dt.float32:
+        return None
+    off = sym.to_expr(x.offset)
+    base = off.substitute({ovar: 0, kvar: 0})
+    stride = sym.add(off.substitute({ovar: 1, kvar: 0}), sym.mul(base, -1))
+    if sym.free_vars(base, stride) & {ovar, kvar}:
+        return None
+    if not sym.same(off, sym.add(sym.add(base, sym.mul(ovar, stride)), kvar)):
+        return None
+    return x.buf, base, stride
+
+
+def _unit_stride(e: sym.Expr, v: sym.Var) -> bool:
+    return isinstance(e, sym.Sum) and (v, 1) in e.terms or e == v
+
+
+def pack_inner(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
+    """The loop variable a packing loop over factor ``x`` runs innermost: the one a load reading both
+    variables (the operand's matrix, not a per-row or per-column vector beside it, e.g. a norm's scale)
+    reads with unit stride; else as ``inner_var``."""
+    for y in x.walk():
+        if isinstance(y, (ir.Load, ir.Bytes)):
+            e = sym.to_expr(y.offset)
+            if {first, second} <= sym.free_vars(e):
+                for v in (first, second):
+                    if _unit_stride(e, v):
+                        return v
+    return inner_var(x, first, second)
 
 
 def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
@@ -201,7 +350,11 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
     vars_, shape = list(k.loop_vars), list(k.shape)
     mvar, nvar, kvar = vars_[form.m], vars_[form.n], form.reduce.var
     batch = form.batch
-    ukr, ukr_text = micro_kernel(MR, NR, W, U)
+    # without Pack('a') a plain load reads where it lies; any other factor (a view with guards, a decode) is packed
+    direct = None if schedule.packs("a") else in_place(form.a, mvar, kvar)
+    # ... and the other factors of an unbatched kernel are packed once per call into panels every item reads
+    shared = not schedule.packs("a") and direct is None and not batch
+    ukr, ukr_text = micro_kernel(MR, NR, W, U, packed_a=direct is None)
     r.gemm_support[ukr] = ukr_text
     r.gemm_widths.add(W)
     r.pack_floats = max(r.pack_floats, pack_floats(schedule))
@@ -215,7 +368,8 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
              "    const ls_launch *l = &g->l;", "    const ls_args *a = l->a;", "    (void)a;"]
     lines += [f"    {d}" for d in r.decls(k)]
     lines += [f"    const int64_t M = {M}, N = {N}, K = {K}, ldc = {ldc}, MT = g->mt, NT = g->nt;",
-              "    const int64_t nmb = (M + MT - 1) / MT, nnb = (N + NT - 1) / NT;",
+              f"    const int64_t nmb = (M + MT - 1) / MT, nnb = (N + NT - 1) / NT, Mp = (M + {MR - 1}) / {MR} * {MR};",
+              "    (void)Mp;",
               "    float *restrict ap = ls_pack_buf;",
               f"    float *restrict bp = ls_pack_buf + {MC * KC};",
               f"    float *restrict tile = ls_pack_buf + {MC * KC + KC * NC};",
@@ -231,36 +385,84 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
               f"        float *restrict cb = {r.buf(k.out)} + ({r.idx(base)});",
               f"        for (int64_t k0 = 0; k0 < K; k0 += {KC}) {{",
               f"            const int64_t kc = ls_min({KC}, K - k0);"]
-    lines += _pack_lines("bp", form.b, r, r.var(nvar), r.var(kvar), "j0", "nc", NR,
-                         inner_var(form.b, nvar, kvar) is nvar, _blocks(form.b, kvar, form.reduce.size, KC))
-    lines += _pack_lines("ap", form.a, r, r.var(mvar), r.var(kvar), "i0", "mc", MR,
-                         inner_var(form.a, mvar, kvar) is mvar, _blocks(form.a, kvar, form.reduce.size, KC))
+    b_rows = in_place(form.b, nvar, kvar)  # b stored [n, k] (x @ w.T): its panels are blocks transposed
+    if b_rows is not None:
+        lines += _transposed_pack_lines(r, form.b, b_rows, r.var(nvar), r.var(kvar), NR, W)
+    else:
+        lines += _pack_lines("bp", form.b, r, r.var(nvar), r.var(kvar), "j0", "nc", NR,
+                             pack_inner(form.b, nvar, kvar) is nvar, _blocks(form.b, kvar, form.reduce.size, KC))
+    a_pack = _pack_lines("ap", form.a, r, r.var(mvar), r.var(kvar), "i0", "mc", MR,
+                         pack_inner(form.a, mvar, kvar) is mvar, _blocks(form.a, kvar, form.reduce.size, KC))
+    if shared:  # the call's panels of a, or (no memory for them) the item's own
+        lines += ["            const float *restrict as = g->ash + k0 * Mp + i0 * kc;",
+                  "            if (!g->ash) {"] + ["    " + x for x in a_pack] + ["            }"]
+        a_at, lda = "(g->ash ? as : ap) + ir * kc", "0"
+    elif direct is None:
+        lines += a_pack
+        a_at, lda = "ap + ir * kc", "0"
+    else:
+        abuf, abase, astride = direct
+        lines.append(f"            const float *restrict ad = {r.buf(abuf)} + ({r.idx(abase)}) + k0;")
+        a_at, lda = f"ad + (i0 + ir) * ({r.idx(astride)})", f"({r.idx(astride)})"
     lines += [f"            for (int64_t jr = 0; jr < nc; jr += {NR})",
-              f"                for (int64_t ir = 0; ir < mc; ir += {MR})",
-              f"                    {ukr}(kc, ap + ir * kc, bp + jr * kc, cb + (i0 + ir) * ldc + j0 + jr, ldc, "
-              f"ls_min({MR}, mc - ir), ls_min({NR}, nc - jr), k0 == 0, tile);",
-              "        }"]
-    if k.epilogue is not None:  # the block is complete and in cache: apply the epilogue over it
+              f"                for (int64_t ir = 0; ir < mc; ir += {MR}) {{",
+              f"                    {ukr}(kc, {a_at}, {lda}, bp + jr * kc, cb + (i0 + ir) * ldc + j0 + jr, ldc, "
+              f"ls_min({MR}, mc - ir), ls_min({NR}, nc - jr), k0 == 0, tile);"]
+    if k.epilogue is not None:  # the register block is complete and in L1: apply the epilogue over it
         m, n = r.var(mvar), r.var(nvar)
-        lines += ["        for (int64_t ii = 0; ii < mc; ii++) {",
-                  f"            const int64_t {m} = i0 + ii;",
-                  '            _Pragma("omp simd")',
-                  "            for (int64_t jj = 0; jj < nc; jj++) {",
-                  f"                const int64_t {n} = j0 + jj;",
-                  f"                {r.buf(k.out)}[{r.idx(dense)}] = {r.expr(k.epilogue)};",
-                  "            }", "        }"]
-    lines += ["    }", "}"]
+        lines += ["                    if (k0 + kc >= K)",
+                  f"                        for (int64_t ii = ir; ii < ls_min(ir + {MR}, mc); ii++) {{",
+                  f"                            const int64_t {m} = i0 + ii;",
+                  '                            _Pragma("omp simd")',
+                  f"                            for (int64_t jj = jr; jj < ls_min(jr + {NR}, nc); jj++) {{",
+                  f"                                const int64_t {n} = j0 + jj;",
+                  f"                                {r.buf(k.out)}[{r.idx(dense)}] = {r.expr(k.epilogue)};",
+                  "                            }", "                        }"]
+    lines += ["                }", "        }", "    }", "}"]
     small_fn, small_call = small
     if epilogue_pass is not None:  # the few-rows form stores the product; a loop then applies the epilogue
         epi_fn, epi_call = epilogue_pass
         small_fn += "\n\n" + epi_fn.replace("KFN", "KFN_epi")
         small_call = small_call + "\n" + epi_call.replace("KFN", "KFN_epi")
     work = "M * N * K"
+    pre, packs_a = "", str(int(direct is None))
+    if shared:
+        lines += [""] + _shared_pass(r, k, form, a_pack, M, K, MR, KC)
+        pre = (f"      const int64_t Mp = (M + {MR - 1}) / {MR} * {MR}, nkb = (K + {KC - 1}) / {KC};\n"
+               f"      const int64_t na = nkb * ((Mp + {SHARE_ROWS * MR - 1}) / {SHARE_ROWS * MR});\n"
+               f"      g.ash = ls_gemm_share(Mp * nkb * {KC});\n"
+               f"      if (g.ash) {{ if (({work}) >= {grain}) ls_parallel_for(KFN_apack, &g, na); "
+               f"else KFN_apack(&g, 0, na); }}\n")
+        packs_a = "g.ash == 0"
     call = (f"    {{ const int64_t M = {M}, N = {N}, K = {K};\n"
             f"      if (M * 2 < {MR} || K == 0) {{\n{small_call.replace('KFN', 'KFN_small')}\n      }} else {{\n"
-            f"      ls_gemm_launch g = {{*lp, 0, 0}};\n"
-            f"      ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, &g.mt, &g.nt);\n"
+            f"      ls_gemm_launch g = {{*lp, 0, 0, 0}};\n{pre}"
+            f"      ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, {packs_a}, &g.mt, &g.nt);\n"
             f"      const int64_t n = ({B}) * ((M + g.mt - 1) / g.mt) * ((N + g.nt - 1) / g.nt);\n"
             f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &g, n); else KFN(&g, 0, n); }} }}")
     return small_fn.replace("KFN", "KFN_small") + "\n\n" + "\n".join(lines), call
+
+
+SHARE_ROWS = 8  # register blocks of rows per work item of the shared packing pass
+
+
+def _shared_pass(r, k: ir.Kernel, form: MatmulForm, a_pack: list[str], M: str, K: str, MR: int, KC: int
+                 ) -> list[str]:
+    """Lines of ``KFN_apack``: work item p packs the rows ``SHARE_ROWS * MR`` wide chunk of a's panels for
+    one k block into the call's shared buffer (``g->ash``: k block k0 at ``k0 * Mp``, its panel of rows i0
+    at ``i0 * kc`` after that), with the same packing lines an item would run on its own buffer."""
+    ch = SHARE_ROWS * MR
+    lines = ["static void KFN_apack(void *vctx, int64_t p0, int64_t p1) {",
+             "    const ls_gemm_launch *g = (const ls_gemm_launch *)vctx;",
+             "    const ls_launch *l = &g->l;", "    const ls_args *a = l->a;", "    (void)a;"]
+    lines += [f"    {d}" for d in r.decls(k)]
+    lines += [f"    const int64_t M = {M}, K = {K}, Mp = (M + {MR - 1}) / {MR} * {MR}, nch = (Mp + {ch - 1}) / {ch};",
+              "    for (int64_t p = p0; p < p1; p++) {",
+              f"        const int64_t k0 = p / nch * {KC}, kc = ls_min({KC}, K - k0);",
+              f"        const int64_t i0 = p % nch * {ch}, mc = ls_min({ch}, M - i0);",
+              "        float *restrict ap = g->ash + k0 * Mp + i0 * kc;",
+              "        {"]
+    lines += a_pack
+    lines += ["        }", "    }", "}"]
+    return lines
 

@@ -32,7 +32,7 @@ from .matvec import blocked_form, render_matvec
 from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
-                  for h in ("prelude.h", "qdecode.h", "qvnni.h", "qgemm.h", "hgemm.h"))
+                  for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qamx.h", "qvnni.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
@@ -506,8 +506,11 @@ class KernelRenderer:
         decode = f"ls_dq_{tname}"
         x_buf, raw_buf = k.template_reads
         quant_lines, quantize = [], ""
-        row_groups = [f"        for (int64_t m0 = 0; m0 < M; m0 += {QMM_ROWS}) {{",
-                      f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);"]
+
+        def row_groups_from(start) -> list[str]:  # the loop over groups of QMM_ROWS activation rows
+            return [f"        for (int64_t m0 = {start}; m0 < M; m0 += {QMM_ROWS}) {{",
+                    f"            const int64_t mr = ls_min({QMM_ROWS}, M - m0);"]
+        row_groups = row_groups_from(0)
         if k.scratch:  # quantized activations (int8 or int16), quantized once per call by the launcher
             mode = q.activations
             d_off, s_off, _ = activation_scratch_layout(max(sym.upper_bound(q.rows), 1), K, mode)
@@ -517,24 +520,42 @@ class KernelRenderer:
             itype, bits = ("int8_t", "8") if mode == "int8" else ("int16_t", "16")
             xargs = (f"(const {itype} *){sc} + m0 * {K}LL, (const float *)({sc} + {d_off}) + m0 * {nblk}, "
                      f"(const float *)({sc} + {s_off}) + m0 * {nblk}, {K}, {nblk}, mr, out + m0 * N + n, N);")
-            # int8 on AVX-512 VNNI: the weight rows two at a time (qvnni.h), the same bits as one at a time
-            pairs = ["            int64_t n = n0;", "#if defined(LS_HAVE_QDOT8X2)",
-                     f"            n += ls_qdot8x2_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}",
+            # int8 on AVX-512 VNNI: the weight rows two at a time (qvnni.h), the same bits as one at a time;
+            # int16 there: 16 at a time (qdot16x16.h), all of the item's rows
+            wide = ("LS_HAVE_QDOT8X2", "ls_qdot8x2") if mode == "int8" else (f"LS_HAVE_QDOT16X16_{tname}",
+                                                                             "ls_qdot16x16")
+            pairs = ["            int64_t n = n0;", f"#if defined({wide[0]})",
+                     f"            n += {wide[1]}_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}",
                      "#endif",
-                     "            for (; n < n1; n++)"] if mode == "int8" else [
-                     "            for (int64_t n = n0; n < n1; n++)"]
-            quant_lines = guard + row_groups + pairs + [
+                     "            for (; n < n1; n++)"]
+            # "auto" on AMX: a long call's first rows & ~15 on bfloat16 tiles (qamx.h), the rest as below (every
+            # format with int16 activations has a tile kernel: they are QUANT_ACT_QTYPES)
+            tiles = mode == "int16"
+            first = ["#if defined(LS_HAVE_QAMX)",
+                     "        const int64_t m_tiles = ls_qamx_rows(M);",
+                     f"        if (m_tiles > 0) ls_qamx_{tname}(wraw + n0 * {row_bytes}LL, {row_bytes}, n1 - n0, "
+                     f"(const uint16_t *){sc}, m_tiles, {K}, out + n0, N);",
+                     "#else",
+                     "        const int64_t m_tiles = 0;",
+                     "#endif"] + row_groups_from("m_tiles") if tiles else row_groups
+            quant_lines = guard + first + pairs + [
                 f"                ls_qdot{bits}_{tname}(wraw + n * {row_bytes}LL, {xargs}",
                 "        }"]
             lp = "((const ls_launch *)(&l))"
             x_i = self.kernel_buffers(k).index(x_buf)
             s_i = self.kernel_buffers(k).index(k.scratch[0])
-            quantize = (f"      {{ uint8_t *sc = (uint8_t *){lp}->p[{s_i}]; ls_quantize_rows{bits if bits == '16' else ''}"
+            split = "" if mode == "int8" else f", LS_SPLIT16_{tname}"  # whether to store qdot16x16.h's layout
+            rows_fn = f"ls_quantize_rows{bits if bits == '16' else ''}"
+            quantize = (f"      {{ uint8_t *sc = (uint8_t *){lp}->p[{s_i}]; {rows_fn}"
                         f"((const float *){lp}->p[{x_i}], M, {K}, ({itype} *)sc, (float *)(sc + {d_off}), "
-                        f"(float *)(sc + {s_off})); }}")
+                        f"(float *)(sc + {s_off}){split}); }}")
+            if tiles:  # after the int16 scratch is written: the tile rows' bfloat16 over the start of it
+                quantize += (f"\n#if defined(LS_HAVE_QAMX)\n      ls_qamx_prepare((const float *){lp}->p[{x_i}], M, "
+                             f"{K}, (int16_t *){lp}->p[{s_i}]);\n#endif")
             quantize = "\n".join([""] + guard + [quantize] + (["#endif", ""] if guard else [""]))
         lines, call = self._weight_rows_kernel(k, row_bytes, f"const uint8_t *restrict wraw = (const uint8_t *)"
-                                               f"{self.buf(raw_buf)};", x_buf, quantize)
+                                               f"{self.buf(raw_buf)};", x_buf, quantize,
+                                               group=16 if k.scratch and q.activations == "int16" else 1)
         if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
             lines += quant_lines
         else:
@@ -547,17 +568,19 @@ class KernelRenderer:
         lines += ["    }", "}"]
         return "\n".join(lines), call
 
-    def _weight_rows_kernel(self, k: ir.Kernel, row_bytes: int, weights: str, x_buf, before_launch: str = ""
-                            ) -> tuple[list[str], str]:
+    def _weight_rows_kernel(self, k: ir.Kernel, row_bytes: int, weights: str, x_buf, before_launch: str = "",
+                            group: int = 1) -> tuple[list[str], str]:
         """The opening lines of a matmul kernel whose work items are chunks of weight rows (``M``, ``N``,
         ``R`` rows an item, ``xs``, ``out``, the ``weights`` pointer declaration, then the item loop with
         ``n0 .. n1``), and its launch. An item is small enough to stay in L2 while every row group streams
         past it, so the weights come from memory once per call; with one row group (decode, batched decode)
-        nothing is re-read, and smaller items spread the weight stream evenly over the threads."""
+        nothing is re-read, and smaller items spread the weight stream evenly over the threads. ``group``: item
+        sizes rounded to a multiple of it (a kernel doing that many rows at once, qdot16x16.h)."""
         q = k.template
         M, N, K = self.idx(q.rows), self.idx(q.out_features), q.in_features
         rows_l2 = max(1, min(QMM_L2_BYTES // row_bytes, 64))
         rows_one = max(1, min(QMM_DECODE_BYTES // row_bytes, rows_l2))
+        rows_l2, rows_one = (max(group, (r + group // 2) // group * group) for r in (rows_l2, rows_one))
         rows_per_item = f"(M <= {QMM_ROWS} ? {rows_one} : {rows_l2})"
         lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
                  "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;"]
@@ -642,7 +665,8 @@ class KernelRenderer:
             f"                            const float *xr = xs + (m0 + ii) * {K}LL + b * {E};",
             f"                            for (int c = 0; c < {E // 32}; c++) {{",
             "                                _Pragma(\"omp simd\")",
-            "                                for (int l = 0; l < 32; l++) acc[ii][l] += w[32 * c + l] * xr[32 * c + l];",
+            "                                for (int l = 0; l < 32; l++) "
+            "acc[ii][l] += w[32 * c + l] * xr[32 * c + l];",
             "                            }",
             "                        }",
             "                    }",
@@ -755,7 +779,8 @@ def render_plan(plan: KernelPlan, profile: bool = False, schedule=None) -> str:
         support = (vector_helpers(r.gemm_widths) + "\n".join(r.gemm_support.values()) + "\n"
                    f"static _Thread_local float ls_pack_buf[{r.pack_floats}] __attribute__((aligned(64)));\n")
     header = ("typedef struct { const ls_args *a; void *p[" + str(max_ptrs) + "]; } ls_launch;\n"
-              "typedef struct { void (*run)(const ls_launch *); int n; int64_t ptr[" + str(max_ptrs) + "]; } ls_step;\n")
+              "typedef struct { void (*run)(const ls_launch *); int n; int64_t ptr[" + str(max_ptrs)
+              + "]; } ls_step;\n")
     funcs = []
     for (body, launch), name in functions.items():
         funcs.append(body.replace("KFN", name))
