@@ -1,6 +1,6 @@
 """Quantized matmul kernel: the matrices of one SmolLM2-135M decode step (30 layers of q/k/v/o/gate/up/down
 plus the 49152x576 logits), random GGUF blocks, run for 1 to 8 activation rows (decode, batched decode)
-and more (prefill), with float and with int8 activations.
+and more (prefill), with float, int8 or int16 activations.
 
 Times are the kernels' own (backend option profile=True), so Python call overhead is excluded; the
 weights (about 143 MB at Q8_0) exceed the last-level cache, so one row measures the weight stream.
@@ -9,6 +9,7 @@ and the time relative to one row. Machines here are shared and noisy: compare ra
 
     python benchmarks/qmatmul.py [--quant q8_0] [--rows 1,2,4,8,64] [--layers 30] [--runs 10] [--threads N] [--json]
     python benchmarks/qmatmul.py --activations int8 --rows 1,2,4,8 --ab LS_NO_VNNI   # A/B: VNNI on, off
+    python benchmarks/qmatmul.py --quant q4_1 --activations int16 --rows 1,2,4,8 --ab LS_NO_QDOT16X16
 
 ``--ab MACRO`` also compiles each program with ``-DMACRO`` added to the default flags and times both in
 the same runs, interleaved, printing the time with the macro over the time without.
@@ -58,13 +59,13 @@ def build(qtype: QType, layers: int, rng: np.random.Generator) -> tuple[ls.Graph
     return g, outs, nbytes
 
 
-def run(quant: str, rows: list[int], layers: int, runs: int, int8: bool, ab: str | None = None) -> list[dict]:
+def run(quant: str, rows: list[int], layers: int, runs: int, activations: str, ab: str | None = None) -> list[dict]:
     """One result per program: the default build, then (``ab``) the build with ``-D<ab>``."""
     qtype = QType[quant.upper()]
     rng = np.random.default_rng(0)
     g, outs, nbytes = build(qtype, layers, rng)
     variants = [("", None)] + ([(ab, default_flags() + [f"-D{ab}"])] if ab else [])
-    progs = [g.compile(outs, backend="c", profile=True, int8_activations=int8, flags=f) for _, f in variants]
+    progs = [g.compile(outs, backend="c", profile=True, activations=activations, flags=f) for _, f in variants]
     for prog in progs:
         assert sum(k.kind == "qmatmul" for k in prog.executor.plan.kernels) == len(outs)
     times = [{m: [] for m in rows} for _ in progs]
@@ -81,7 +82,7 @@ def run(quant: str, rows: list[int], layers: int, runs: int, int8: bool, ab: str
     results = []
     for (macro, _), tv in zip(variants, times):
         base = min(tv[rows[0]])
-        res = {"quant": quant, "activations": "int8" if int8 else "float", "weight_bytes": nbytes,
+        res = {"quant": quant, "activations": activations, "weight_bytes": nbytes,
                "defines": [macro] if macro else [], "rows": {}}
         for m in rows:
             best, med = min(tv[m]), statistics.median(tv[m])
@@ -100,7 +101,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,64", help="activation row counts (the first is the reference)")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--runs", type=int, default=10)
-    ap.add_argument("--activations", default="float,int8", help="float, int8 or both")
+    ap.add_argument("--activations", default="float,int8", help="float, int8, int16 or several, comma-separated")
     ap.add_argument("--threads", type=int, help="threads of the C backend (default: all cores)")
     ap.add_argument("--ab", metavar="MACRO", help="also time a build with -DMACRO (e.g. LS_NO_VNNI), interleaved")
     ap.add_argument("--json", action="store_true")
@@ -109,7 +110,7 @@ def main() -> None:
     if a.threads:
         set_num_threads(a.threads)
     results = [r for act in a.activations.split(",")
-               for r in run(a.quant, rows, a.layers, a.runs, act == "int8", a.ab)]
+               for r in run(a.quant, rows, a.layers, a.runs, act, a.ab)]
     if a.json:
         print(json.dumps(results, indent=1))
         return

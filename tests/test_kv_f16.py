@@ -1,4 +1,5 @@
-"""A float16 KV cache (``kv_dtype="float16"``, CLI ``--kv-cache f16``) on a tiny random Llama.
+"""A float16 KV cache (``kv_dtype="float16"``, CLI ``--kv-cache f16``: the C backend's default) on a tiny random
+Llama, against the float32 one (``kv_dtype="float32"``, ``--kv-cache f32``).
 
 New key/value rows are cast to float16 when appended and read back through a cast to float32, so
 the C program must match the reference interpreter on the same graph, and stay close to the
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from tiny_gguf import SHAPE, write_tiny_llama
 
-from lightspeed import api, cli
+from lightspeed import api, cli, cli_generate
 from lightspeed.backend.c.compiler import default_flags
 from lightspeed.backend.c.render import PRELUDE
 from lightspeed.models import load_model
@@ -57,6 +58,8 @@ def f32_run(lm):
 
 
 def compile_step(lm, backend="c", kv_update="rows", kv_dtype="float16", **options):
+    if backend == "c":  # float activations: the bounds below compare float32 arithmetic with the reference's
+        options.setdefault("activations", "float")
     return lm.compile(CTX, max_chunk=8, last_only=False, backend=backend, kv_update=kv_update, kv_dtype=kv_dtype,
                       **options)
 
@@ -99,11 +102,14 @@ def test_portable_conversion_without_f16c(lm):
     np.testing.assert_array_equal(portable, f16c)
 
 
-def test_f32_is_the_default_and_bad_types_are_refused(lm, f32_run):
+def test_f16_is_the_default_f32_is_kept_when_asked_and_bad_types_are_refused(lm, f32_run):
     step = f32_run[0]
     assert step.kv_dtype == "float32" and all(a.dtype == np.float32 for a in step.new_caches().values())
     assert step.program.executor.source.count("ls_load8h(") == PRELUDE.count("ls_load8h(")  # only its definition
-    assert lm.build(CTX)[2][0].dtype.name == "float32"  # the default
+    assert lm.build(CTX)[2][0].dtype.name == "float16"  # the default
+    default = lm.compile(CTX, max_chunk=8)
+    assert default.kv_dtype == "float16" and all(a.dtype == np.float16 for a in default.new_caches().values())
+    assert lm.compile(CTX, max_chunk=8, backend="reference").kv_dtype == "float16"  # checks what C computes
     with pytest.raises(ValueError, match="kv_dtype"):
         lm.compile(CTX, kv_dtype="int8")
 
@@ -111,23 +117,30 @@ def test_f32_is_the_default_and_bad_types_are_refused(lm, f32_run):
 def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path / "cache"))
     parser = cli.build_parser()
-    for command in (["generate", "x"], ["chat"], ["bench"], ["serve"]):
-        assert parser.parse_args(command[:1] + ["--kv-cache", "f16"] + command[1:]).kv_cache == "f16"
-        assert parser.parse_args(command).kv_cache == "f32"
+    for command in (["generate", "x"], ["chat"], ["bench"], ["serve"], ["perplexity", "x"]):
+        for value in ("f16", "f32"):
+            assert parser.parse_args(command[:1] + ["--kv-cache", value] + command[1:]).kv_cache == value
+        assert parser.parse_args(command).kv_cache is None  # unset: the backend's default
+    assert cli_generate.kv_cache_name(None) == "f16" and cli_generate.kv_cache_name(None, "opencl") == "f32"
+    assert cli_generate.kv_cache_options(None) == {} and cli_generate.kv_cache_options("f32") == {"kv_dtype": "float32"}
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--kv-cache", "f8", "x"])
     capsys.readouterr()
 
-    model = api.load(str(tiny), ctx=32, progress=False, kv_dtype="float16")
+    # float activations, as the batched step below has (the models' default takes int16 for decode)
+    model = api.load(str(tiny), ctx=32, progress=False, activations="float")  # the default: float16
     assert model.step.kv_dtype == "float16" and all(a.dtype == np.float16 for a in model.cache.arrays.values())
     greedy = model.generate_text("hi", max_tokens=4)
-    assert cli.main(["generate", "--model", str(tiny), "--ctx", "32", "--max-tokens", "4", "--kv-cache", "f16",
-                     "--json", "hi"]) == 0
-    assert json.loads(capsys.readouterr().out)["text"] == greedy
+    for flag in ([], ["--kv-cache", "f16"]):
+        assert cli.main(["generate", "--model", str(tiny), "--ctx", "32", "--max-tokens", "4", *flag,
+                         "--activations", "float", "--json", "hi"]) == 0
+        assert json.loads(capsys.readouterr().out)["text"] == greedy
+    f32 = api.load(str(tiny), ctx=32, progress=False, kv_dtype="float32", activations="float")
+    assert f32.step.kv_dtype == "float32" and all(a.dtype == np.float32 for a in f32.cache.arrays.values())
 
     # serve's batched step shares the float16 caches with the single-sequence program
     from lightspeed.engine.batched import BatchedStep
-    batched = BatchedStep(model.lm, 32, 2, kv_dtype=model.step.kv_dtype)
+    batched = BatchedStep(model.lm, 32, 2)  # the default, as the single-sequence program's
     assert all(a.dtype == np.float16 for a in batched.caches.values())
     assert [k.kind for k in batched.program.executor.plan.kernels].count("attention") == SHAPE["layers"]
     alone = {n: np.zeros_like(a[:32]) for n, a in batched.caches.items()}
@@ -138,3 +151,19 @@ def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
     want, alone = model.step.run(TOKENS[SPLIT:SPLIT + 1], SPLIT, alone)
     np.testing.assert_allclose(logits[0], want[-1], rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(batched.slot_caches(0)["k1"][SPLIT], alone["k1"][SPLIT])
+
+
+def test_gpu_backends_keep_f32_by_default_and_read_f16_caches(lm, f32_run):
+    """The GPU backends default to float32 caches (float16's speed there is not measured) and take float16 ones
+    when asked: on OpenCL (PoCL where there is no GPU) the same tokens as the C program's float16 cache."""
+    from lightspeed.backend.opencl import unavailable_reason
+    from lightspeed.models.base import default_kv_dtype
+    assert default_kv_dtype("cuda") == default_kv_dtype("opencl") == "float32" and default_kv_dtype() == "float16"
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no OpenCL device: {reason}")
+    assert compile_step(lm, "opencl", kv_dtype=None).kv_dtype == "float32"
+    got, caches = run_all(compile_step(lm, "opencl"))
+    want, _ = run_all(compile_step(lm))
+    assert all(a.dtype == np.float16 for a in caches.values())
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)  # float32 sums in another order, as above

@@ -392,15 +392,74 @@ LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #endif
 
 /* ---- int16 activations: each activation row is quantized per block of 32 to int16 with a float scale
- * (amax / 32767: 1/258 of int8's rounding error, ~2e-5 relative error in a product), and the
+ * (amax / 32639, see below: 1/257 of int8's rounding error, ~2e-5 relative error in a product), and the
  * weights, widened to int16, are multiplied in integer arithmetic (madd: pairs of int16 products summed
- * into int32 lanes; |w| <= 128 and |x| <= 32767, so 32 products fit easily). ls_quantize_rows16 writes,
+ * into int32 lanes; |w| <= 128 and |x| <= 32639, so 32 products fit easily). ls_quantize_rows16 writes,
  * for M rows of K floats: q[M][K] int16, d[M][K/32] float scales and s[M][K/32] float (scale times the
  * sum of the block's int16 values, for the min term of Q4_1). Its vector and scalar forms give the same
  * values (max is exact; both round with the current rounding mode, nearest-even by default). */
+/* Activations "auto" (LS_QUANT_ROWS_MAX defined, AVX-512 builds): a call of more rows than that (prefill)
+ * keeps its activations float, as the float row-group kernel is faster there than int16 (SmolLM2 prefill,
+ * this Xeon: int16 0.86x of float) while int16 is faster for few rows (decode 1.7x). The launcher quantizes
+ * once per call and passes only the scratch to the dot products, so the choice travels in the scratch:
+ * each row's first scale is LS_FLOAT_ROWS (a scale amax / 32639 is never negative) and its int16 values
+ * begin with the address of the row's floats. The dot products then run the float kernel with the
+ * arguments activations "float" pass it, so those calls give float's bits exactly. */
+#define LS_FLOAT_ROWS (-1.0f)
+#if defined(LS_QUANT_ROWS_MAX) && defined(__AVX512F__) && defined(__AVX512BW__) && !defined(LS_PORTABLE)
+#define LS_AUTO_FLOAT_ROWS 1
+#define LS_FLOAT_ROWS_CALL(FNAME) \
+    if (xd[0] == LS_FLOAT_ROWS) { \
+        const float *xf_; memcpy(&xf_, xq, sizeof xf_); FNAME(w, xf_, 0, K, nblk, mr, out, ostride); return; \
+    }
+#else
+#define LS_FLOAT_ROWS_CALL(FNAME)
+#endif
+/* The scale is amax / 32639 (32639 = 127 * 257) in every build, so that a value q splits exactly into two signed
+ * bytes, q = 256 * a + b with a, b in [-127, 127] x [-128, 127]; the step is 1.004x that of amax / 32767.
+ * With SPLIT (the kernels of qdot16x16.h, 16 weight rows at once, which multiply the bytes by unsigned weight
+ * bytes with vpdpbusd) it stores the split: per block the 32 bytes a then the 32 bytes b, both in element order.
+ * Those and the int16 kernels below compute the same integer products, so they agree to float rounding.
+ * LS_SPLIT16_<format>: the SPLIT a format's matmuls quantize with (1 where its 16-row kernel is built). q8_0's
+ * kernel alone streams one activation row (decode) ~6% slower than ls_qdot16_q8_0 but eight 1.9x faster; in
+ * the whole model (SmolLM2's q8_0 LM head) decode measured no slower and eight served streams ~15% faster, so
+ * it is built by default too; -DLS_NO_QDOT16X16_Q8_0 keeps ls_qdot16_q8_0 (benchmarks/README.md). */
+#define LS_Q16_MAX 32639.0f
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) \
+    && !defined(LS_PORTABLE) && !defined(LS_NO_QDOT16X16)
+#define LS_HAVE_QDOT16X16 1
+#define LS_HAVE_QDOT16X16_q4_0 1
+#define LS_HAVE_QDOT16X16_q4_1 1
+#if !defined(LS_NO_QDOT16X16_Q8_0)
+#define LS_HAVE_QDOT16X16_q8_0 1
+#endif
+#endif
+#if defined(LS_HAVE_QDOT16X16)
+#define LS_SPLIT16_q4_0 1
+#define LS_SPLIT16_q4_1 1
+#else
+#define LS_SPLIT16_q4_0 0
+#define LS_SPLIT16_q4_1 0
+#endif
+#if defined(LS_HAVE_QDOT16X16_q8_0)
+#define LS_SPLIT16_q8_0 1
+#else
+#define LS_SPLIT16_q8_0 0
+#endif
 static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_t K, int16_t *restrict q,
-                                      float *restrict d, float *restrict s) {
+                                      float *restrict d, float *restrict s, const int split) {
     const int64_t nb = K / 32;
+#if defined(LS_AUTO_FLOAT_ROWS)
+    if (M > LS_QUANT_ROWS_MAX) {
+        for (int64_t m = 0; m < M; m++) {
+            const float *row = x + m * K;
+            memcpy(q + m * K, &row, sizeof row);
+            d[m * nb] = LS_FLOAT_ROWS;
+        }
+        (void)s;
+        return;
+    }
+#endif
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + m * K + 32 * b;
@@ -408,17 +467,34 @@ static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_
 #if defined(__AVX2__) && !defined(LS_PORTABLE)
             __m256 v[4];
             const float amax = ls_load_absmax32(xb, v);
-            const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+            const float inv = amax > 0.0f ? LS_Q16_MAX / amax : 0.0f;
             __m256i iv[4];
             for (int i = 0; i < 4; i++) iv[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+#if defined(LS_HAVE_QDOT16X16)
+            if (split) {
+            /* b = q's low byte as a signed value, a = (q - b) / 256 (exact); int32 -> int8 as ls_quantize_rows */
+            __m256i lo[4], hi[4];
+            for (int i = 0; i < 4; i++) {
+                lo[i] = _mm256_srai_epi32(_mm256_slli_epi32(iv[i], 24), 24);
+                hi[i] = _mm256_srai_epi32(_mm256_sub_epi32(iv[i], lo[i]), 8);
+            }
+            const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(_mm256_packs_epi16(
+                _mm256_packs_epi32(hi[0], hi[1]), _mm256_packs_epi32(hi[2], hi[3])), perm));
+            _mm256_storeu_si256((__m256i *)(qb + 16), _mm256_permutevar8x32_epi32(_mm256_packs_epi16(
+                _mm256_packs_epi32(lo[0], lo[1]), _mm256_packs_epi32(lo[2], lo[3])), perm));
+            } else
+#endif
+            {
             /* int32 -> int16 (saturating); the packs interleave 128-bit lanes, the permutation restores the order */
             _mm256_storeu_si256((__m256i *)qb, _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xd8));
             _mm256_storeu_si256((__m256i *)(qb + 16), _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[2], iv[3]), 0xd8));
+            }
             const int32_t sum = ls_sum32_epi32(iv);
 #else
             float amax = 0.0f;
             for (int i = 0; i < 32; i++) { float v = fabsf(xb[i]); amax = v > amax ? v : amax; }
-            const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+            const float inv = amax > 0.0f ? LS_Q16_MAX / amax : 0.0f;
             int32_t sum = 0;
             for (int i = 0; i < 32; i++) {
                 int v = (int)__builtin_nearbyintf(xb[i] * inv);
@@ -427,7 +503,7 @@ static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_
                 sum += v;
             }
 #endif
-            const float scale = amax / 32767.0f;
+            const float scale = amax / LS_Q16_MAX;
             d[m * nb + b] = scale;
             s[m * nb + b] = scale * (float)sum;
         }
@@ -437,12 +513,83 @@ static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_
 /* One weight row (nblk blocks) against up to LS_QMM_ROWS int16 activation rows (strides K and nblk): per
  * row and block an exact integer dot product, then one FMA with the product of the two scales; q4_1 (w =
  * d*nibble + m) adds m * s per block. A row's arithmetic is the same whatever the row count. */
-#if defined(__AVX512BW__) && defined(__AVX512F__) && !defined(LS_PORTABLE)
+#if defined(__AVX512BW__) && defined(__AVX512F__) && !defined(LS_PORTABLE) && !defined(LS_NO_QDOT16_GATHER)
+/* AVX-512: the scales of 16 blocks at a time. One gather takes the first 32 bits of each block (the float16
+ * scale d, and q4_1's minimum m after it), so a row's 16 products d * d_x are one vector multiply, stored and
+ * read back as broadcasts; per block and row there remain the integer dot product (madd), its conversion and
+ * one FMA. A q4 block's 16 bytes are widened once to 32 int16 (both halves the same bytes) and masked with 15
+ * (elements 0-15: low nibbles) or 240 (16-31: high nibbles, times 16); the madd lanes 8-15 then hold 16
+ * times their products, taken back by an exact 1/16 at the end. The sums stay exact integers below 2^24.
+ * Two accumulators per row (even and odd blocks) keep two FMA chains in flight for a single row (decode).
+ * -DLS_NO_QDOT16_GATHER forces the per-block form below (tests compare the two). */
+#define LS_W16G_Q8_0(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((p) + 2)))
+#define LS_NIB16(q) _mm512_and_si512(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256( \
+    _mm_loadu_si128((const __m128i *)(q)))), _mm512_setr_epi64(0x000f000f000f000fLL, 0x000f000f000f000fLL, \
+    0x000f000f000f000fLL, 0x000f000f000f000fLL, 0x00f000f000f000f0LL, 0x00f000f000f000f0LL, 0x00f000f000f000f0LL, \
+    0x00f000f000f000f0LL))
+/* q4_0: nibble - 8, the high half times 16 as well (16 * nibble - 128) */
+#define LS_W16G_Q4_0(p) _mm512_sub_epi16(LS_NIB16((p) + 2), _mm512_setr_epi64(0x0008000800080008LL, \
+    0x0008000800080008LL, 0x0008000800080008LL, 0x0008000800080008LL, 0x0080008000800080LL, 0x0080008000800080LL, \
+    0x0080008000800080LL, 0x0080008000800080LL))
+#define LS_W16G_Q4_1(p) LS_NIB16((p) + 4)
+#define LS_QDOT16_BLOCK(j, acc, BB, WVALS) do { \
+    const uint8_t *blk_ = w + (c0 + (j)) * (BB); \
+    LS_PF(blk_ + LS_QMM_PREFETCH, 0, 3); \
+    const __m512i wv_ = WVALS(blk_); \
+    _Pragma("GCC unroll 8") \
+    for (int r = 0; r < MR; r++) { \
+        const __m512i p_ = _mm512_madd_epi16(wv_, _mm512_loadu_si512((const void *)(xq + r * K + 32 * (c0 + (j))))); \
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p_), _mm512_set1_ps(sc[r][j]), acc[r]); \
+    } \
+} while (0)
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN, FNAME, NIB) \
+static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
+        const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
+        int64_t ostride, const int MR) { \
+    __m512 a0[LS_QMM_ROWS], a1[LS_QMM_ROWS], cm[LS_QMM_ROWS]; \
+    float sc[LS_QMM_ROWS][16] __attribute__((aligned(64))); \
+    for (int r = 0; r < MR; r++) { a0[r] = _mm512_setzero_ps(); a1[r] = a0[r]; cm[r] = a0[r]; } \
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
+                                            _mm512_set1_epi32(BB)); \
+    for (int64_t c0 = 0; c0 < nblk; c0 += 16) { \
+        const int nb = (int)ls_min(16, nblk - c0); \
+        const __mmask16 km = (__mmask16)((1u << nb) - 1u); \
+        const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, w + c0 * (BB), 1); \
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)); \
+        const __m512 mw = MIN ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))) : dw; \
+        for (int r = 0; r < MR; r++) { \
+            _mm512_store_ps(sc[r], _mm512_mul_ps(dw, _mm512_maskz_loadu_ps(km, xd + r * nblk + c0))); \
+            if (MIN) cm[r] = _mm512_fmadd_ps(mw, _mm512_maskz_loadu_ps(km, xs + r * nblk + c0), cm[r]); \
+        } \
+        /* read the scales back from memory (FMAs with a broadcast operand) rather than permuted in registers, \
+         * which gcc otherwise does: two more shuffle-port operations a block */ \
+        __asm__ volatile("" : : "r"(sc) : "memory"); \
+        int j = 0; \
+        for (; j + 1 < nb; j += 2) { LS_QDOT16_BLOCK(j, a0, BB, WVALS); LS_QDOT16_BLOCK(j + 1, a1, BB, WVALS); } \
+        if (j < nb) LS_QDOT16_BLOCK(j, a0, BB, WVALS); \
+    } \
+    const __m512 lanes = NIB ? _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, 0.0625f, 0.0625f, 0.0625f, 0.0625f, \
+                                              0.0625f, 0.0625f, 0.0625f, 0.0625f) : _mm512_set1_ps(1.0f); \
+    for (int r = 0; r < MR; r++) \
+        out[r * ostride] = _mm512_reduce_add_ps(_mm512_mul_ps(_mm512_add_ps(a0[r], a1[r]), lanes)) \
+                           + (MIN ? _mm512_reduce_add_ps(cm[r]) : 0.0f); \
+} \
+static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd, \
+                        const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                        float *restrict out, int64_t ostride) { \
+    LS_FLOAT_ROWS_CALL(FNAME) \
+    LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
+}
+LS_QDOT_I16(ls_qdot16_q8_0, 34, LS_W16G_Q8_0, 0, ls_qdot_q8_0, 0)
+LS_QDOT_I16(ls_qdot16_q4_0, 18, LS_W16G_Q4_0, 0, ls_qdot_q4_0, 1)
+LS_QDOT_I16(ls_qdot16_q4_1, 20, LS_W16G_Q4_1, 1, ls_qdot_q4_1, 1)
+#define LS_HAVE_QDOT16_GATHER 1
+#elif defined(__AVX512BW__) && defined(__AVX512F__) && !defined(LS_PORTABLE)
 /* a block's 32 weights before the scale, as int16 in one zmm */
 #define LS_W16_Q8_0(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)((p) + 2)))
 #define LS_W16_Q4_0(p) _mm512_cvtepi8_epi16(ls_nibbles32((p) + 2, 8))
 #define LS_W16_Q4_1(p) _mm512_cvtepi8_epi16(ls_nibbles32((p) + 4, 0))
-#define LS_QDOT_I16(NAME, BB, WVALS, MIN) \
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN, FNAME) \
 static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
         const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
         int64_t ostride, const int MR) { \
@@ -465,6 +612,7 @@ static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *res
 static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd, \
                         const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
                         float *restrict out, int64_t ostride) { \
+    LS_FLOAT_ROWS_CALL(FNAME) \
     LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
 }
 #elif defined(__AVX2__) && !defined(LS_PORTABLE)
@@ -480,7 +628,7 @@ static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, c
 } while (0)
 #define LS_W16_Q4_0(p, lo, hi) LS_W16_NIB((p) + 2, lo, hi, 8)
 #define LS_W16_Q4_1(p, lo, hi) LS_W16_NIB((p) + 4, lo, hi, 0)
-#define LS_QDOT_I16(NAME, BB, WVALS, MIN) \
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN, FNAME) \
 static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
         const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
         int64_t ostride, const int MR) { \
@@ -517,7 +665,7 @@ static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, c
 #define LS_W16_Q4_1(p, v) LS_W16_NIB((p) + 4, v, 0)
 /* (explicit fmaf: left to the compiler, whether a multiply-add was fused differed with the row count, so a
  * row was rounded differently alone and batched) */
-#define LS_QDOT_I16(NAME, BB, WVALS, MIN) \
+#define LS_QDOT_I16(NAME, BB, WVALS, MIN, FNAME) \
 static inline __attribute__((always_inline)) void NAME##_rows(const uint8_t *restrict w, const int16_t *restrict xq, \
         const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, float *restrict out, \
         int64_t ostride, const int MR) { \
@@ -543,6 +691,8 @@ static inline void NAME(const uint8_t *restrict w, const int16_t *restrict xq, c
     LS_QMM_DISPATCH(NAME##_rows, w, xq, xd, xs, K, nblk, out, ostride); \
 }
 #endif
-LS_QDOT_I16(ls_qdot16_q8_0, 34, LS_W16_Q8_0, 0)
-LS_QDOT_I16(ls_qdot16_q4_0, 18, LS_W16_Q4_0, 0)
-LS_QDOT_I16(ls_qdot16_q4_1, 20, LS_W16_Q4_1, 1)
+#if !defined(LS_HAVE_QDOT16_GATHER)
+LS_QDOT_I16(ls_qdot16_q8_0, 34, LS_W16_Q8_0, 0, ls_qdot_q8_0)
+LS_QDOT_I16(ls_qdot16_q4_0, 18, LS_W16_Q4_0, 0, ls_qdot_q4_0)
+LS_QDOT_I16(ls_qdot16_q4_1, 20, LS_W16_Q4_1, 1, ls_qdot_q4_1)
+#endif

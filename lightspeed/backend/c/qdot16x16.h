@@ -1,0 +1,162 @@
+/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1 weights): 16 weight rows at once, one in each
+ * 32-bit lane of a zmm, the activations broadcast. ls_quantize_rows16 (qdecode.h) stores each int16 value q of
+ * these builds as two signed bytes a, b with q = 256 * a + b: per activation row and block the 16 rows' exact
+ * integer dot products are sum(w * a) * 256 + sum(w * b), sixteen vpdpbusd for 16 weight rows (the int16 kernels
+ * of qdecode.h spend a madd, a conversion and an FMA per weight row and block), then one conversion and one FMA
+ * with the 16 rows' weight scales times the activation scale, and one FMA for the offset term (q8_0: weights
+ * offset by 128 to make them unsigned, -128 * d * s; q4_0: -8 * d * s; q4_1: the min, m * s).
+ *
+ * The weights are read in their GGUF layout: per block, the 16 rows' quant bytes are loaded and transposed at
+ * dword granularity, so that vector R[j] holds in lane n bytes 4j..4j+3 of row n (q4: the low nibbles are
+ * elements 4j..4j+3 and the high ones 16+4j.., q8_0: elements 4j..4j+3), matching the broadcast dword j of
+ * the activation bytes (element order). The weight scales (and q4_1's mins) of the 16 rows come from one
+ * gather per block. Each lane's arithmetic is that of its own row only, in the same order whatever the other
+ * lanes, the number of rows of the call or the activation row count: a row has the same bits alone, in any
+ * batch and in any work item. A last group of fewer than 16 rows masks the loads of the missing rows (they read
+ * nothing) and the stores. -DLS_NO_QDOT16X16 (or LS_PORTABLE) keeps qdecode.h's int16 kernels; q8_0's kernel
+ * stays per row with -DLS_NO_QDOT16X16_Q8_0 (qdecode.h says why it is on by default).
+ *
+ * Per block the 16 rows' bytes are read at 16 places 16 * BB bytes apart in one stretch of 16 * rb bytes, which
+ * the hardware prefetchers follow poorly from memory (without software prefetch one activation row of q8_0 took
+ * 1.33x the time); each block prefetches the next 16 * BB bytes of the stretch LS_Q16X16_PF groups ahead into L1
+ * (prefetcht0) and those one group further into L2 (prefetcht1). One row of q8_0, best of 10 interleaved runs:
+ * 0.94x the time of the sweep into L2 alone, which took 0.87x of the sweep into L1 alone; q4_1: 0.99x. */
+#if defined(__AVX512F__) && !defined(LS_PORTABLE)
+/* the in-lane 4x4 transpose of dwords: z[k] holds in its 128-bit lane L four dwords of row 4L + k; afterwards
+ * r[j] holds in dword lane 4L + k dword j of that row (also the first half of qamx.h's 16x16 transpose) */
+static inline __attribute__((always_inline)) void ls_t4x4(const __m512i *z, __m512i *r) {
+    const __m512i t0 = _mm512_unpacklo_epi32(z[0], z[1]), t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(z[2], z[3]), t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+    r[0] = _mm512_unpacklo_epi64(t0, t2); r[1] = _mm512_unpackhi_epi64(t0, t2);
+    r[2] = _mm512_unpacklo_epi64(t1, t3); r[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+#endif
+
+#if defined(LS_HAVE_QDOT16X16)
+#ifndef LS_Q16X16_PF
+#define LS_Q16X16_PF 1
+#endif
+
+/* 16 bytes at p (TAIL: nothing when the row is missing, bit i of live clear) */
+#define LS_L128(p, i) (TAIL ? _mm_maskz_loadu_epi32((__mmask8)(((live) >> (i) & 1) ? 0xf : 0), (const void *)(p)) \
+                            : _mm_loadu_si128((const __m128i *)(p)))
+#define LS_L256(p, i) (TAIL ? _mm256_maskz_loadu_epi32((__mmask8)(((live) >> (i) & 1) ? 0xff : 0), (const void *)(p)) \
+                            : _mm256_loadu_si256((const __m256i *)(p)))
+
+/* q4: the 16 quant bytes at offset QO of block p of rows 0..15 (stride rb) into w[0..7]: w[j] the low nibbles
+ * of bytes 4j..4j+3 (elements 4j..), w[4 + j] the high ones (elements 16 + 4j..) */
+static inline __attribute__((always_inline)) void ls_w16x16_q4(const uint8_t *p, int64_t rb, int QO, int TAIL,
+                                                                unsigned live, __m512i *w) {
+    __m512i z[4], r[4];
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *q = p + QO + k * rb;
+        __m512i v = _mm512_castsi128_si512(LS_L128(q, k));
+        v = _mm512_inserti32x4(v, LS_L128(q + 4 * rb, k + 4), 1);
+        v = _mm512_inserti32x4(v, LS_L128(q + 8 * rb, k + 8), 2);
+        z[k] = _mm512_inserti32x4(v, LS_L128(q + 12 * rb, k + 12), 3);
+    }
+    ls_t4x4(z, r);
+    const __m512i m15 = _mm512_set1_epi8(15);
+    for (int j = 0; j < 4; j++) {
+        w[j] = _mm512_and_si512(r[j], m15);
+        w[4 + j] = _mm512_and_si512(_mm512_srli_epi16(r[j], 4), m15);
+    }
+}
+
+/* q8_0: the 32 quant bytes of block p of rows 0..15, plus 128 (unsigned), into w[0..7] (w[j]: elements 4j..):
+ * each zmm holds two rows' 32 bytes, the in-lane transposes give rows 0..7 and 8..15 with both halves, and one
+ * 128-bit shuffle each puts the halves' lanes together */
+static inline __attribute__((always_inline)) void ls_w16x16_q8_0(const uint8_t *p, int64_t rb, int TAIL,
+                                                                  unsigned live, __m512i *w) {
+    __m512i y[8], t[4], u[4];
+    for (int k = 0; k < 4; k++) {
+        const uint8_t *q = p + 2 + k * rb;
+        y[k] = _mm512_inserti64x4(_mm512_castsi256_si512(LS_L256(q, k)), LS_L256(q + 4 * rb, k + 4), 1);
+        y[4 + k] = _mm512_inserti64x4(_mm512_castsi256_si512(LS_L256(q + 8 * rb, k + 8)),
+                                      LS_L256(q + 12 * rb, k + 12), 1);
+    }
+    ls_t4x4(y, t);
+    ls_t4x4(y + 4, u);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < 4; j++) {
+        w[j] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[j], u[j], _MM_SHUFFLE(2, 0, 2, 0)), x80);
+        w[4 + j] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[j], u[j], _MM_SHUFFLE(3, 1, 3, 1)), x80);
+    }
+}
+
+/* the weight rows w + i * rb, i < 16 (i < nv when TAIL), against MR activation rows (split bytes at xq, row
+ * stride 2K bytes; scales xd, sums xs, row stride nblk) into out[r * ostride + i]. QT: 0 q8_0, 1 q4_0, 2 q4_1 */
+static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8_t *restrict w, int64_t rb,
+        int nv, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
+        int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int TAIL,
+        const int MR) {
+    const unsigned live = TAIL ? (1u << nv) - 1u : 0xffffu;
+    const __mmask16 km = (__mmask16)live;
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)rb));
+    __m512 acc[LS_QMM_ROWS];
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    /* the prefetch sweeps through the stretches of the groups LS_Q16X16_PF and LS_Q16X16_PF + 1 ahead */
+    const uint8_t *pf = w + LS_Q16X16_PF * 16 * rb;
+    for (int64_t b = 0; b < nblk; b++, pf += 16 * BB) {
+        const uint8_t *p = w + b * BB;
+        if (LS_Q16X16_PF > 0)
+            for (int o = 0; o < 16 * BB; o += 64) {
+                LS_PF(pf + o, 0, 3);
+                LS_PF(pf + 16 * rb + o, 0, 2);
+            }
+        __m512i wv[8];
+        if (QT == 0) ls_w16x16_q8_0(p, rb, TAIL, live, wv);
+        else ls_w16x16_q4(p, rb, QT == 1 ? 2 : 4, TAIL, live, wv);
+        const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        /* the offset term's factor per row: -128 d, -8 d or the min m */
+        const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : -8.0f));
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < MR; r++) {
+            const int32_t *xa = (const int32_t *)(xq + r * 2 * K + 64 * b);
+            __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8")
+            for (int j = 0; j < 8; j++) {
+                ia = _mm512_dpbusd_epi32(ia, wv[j], _mm512_set1_epi32(xa[j]));
+                ib = _mm512_dpbusd_epi32(ib, wv[j], _mm512_set1_epi32(xa[8 + j]));
+            }
+            const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(ia, 8), ib);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])),
+                                     acc[r]);
+            acc[r] = _mm512_fmadd_ps(cw, _mm512_set1_ps(xs[r * nblk + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
+}
+#undef LS_L128
+#undef LS_L256
+
+static inline __attribute__((always_inline)) void ls_qdot16x16_rows(const uint8_t *restrict w, int64_t rb,
+        int64_t n, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
+        int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        ls_qdot16x16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 0, MR);
+    if (i < n)
+        ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
+}
+
+/* all n weight rows at w (stride rb) against mr activation rows; returns how many it did: n, or none when the
+ * activations were left float (LS_FLOAT_ROWS: the per-row kernels run the float kernel then) */
+#define LS_QDOT16X16(NAME, QT, BB) \
+static inline int64_t NAME(const uint8_t *restrict w, int64_t rb, int64_t n, const int16_t *restrict xq, \
+                           const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                           float *restrict out, int64_t ostride) { \
+    if (xd[0] == LS_FLOAT_ROWS) return 0; \
+    const int8_t *xb = (const int8_t *)xq; \
+    LS_QMM_DISPATCH(ls_qdot16x16_rows, w, rb, n, xb, xd, xs, K, nblk, out, ostride, QT, BB); \
+    return n; \
+}
+#if defined(LS_HAVE_QDOT16X16_q8_0)
+LS_QDOT16X16(ls_qdot16x16_q8_0, 0, 34)
+#endif
+LS_QDOT16X16(ls_qdot16x16_q4_0, 1, 18)
+LS_QDOT16X16(ls_qdot16x16_q4_1, 2, 20)
+#endif
