@@ -11,35 +11,16 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .machine import available_cores
+from .parallel_rows import merge_parallel_row, timed_run
 from .runner import BenchOptions, Timings
 
 __all__ = ["measure_rank", "merge_row", "format_rows"]
-
-
-def _timed_run(step, caches: dict, prompt: np.ndarray, n_decode: int) -> tuple[float, float, float, float]:
-    """(prefill s, decode s, prefill all-reduce s, decode all-reduce s) of one prefill + greedy decode."""
-    comm = step.comm
-    s0, t0 = comm.seconds, time.perf_counter()
-    pos = 0
-    for start in range(0, len(prompt), step.max_chunk):
-        chunk = prompt[start:start + step.max_chunk]
-        logits, caches = step.run(chunk, pos, caches)
-        pos += len(chunk)
-    s1, t1 = comm.seconds, time.perf_counter()
-    token = int(np.argmax(logits[-1]))
-    for _ in range(n_decode):
-        logits, caches = step.run([token], pos, caches)
-        token = int(np.argmax(logits[-1]))
-        pos += 1
-    s2, t2 = comm.seconds, time.perf_counter()
-    return t1 - t0, t2 - t1, s1 - s0, s2 - s1
 
 
 def measure_rank(opts: BenchOptions, world: int, log: Callable[[str], None]) -> dict[str, Any] | None:
@@ -64,10 +45,10 @@ def measure_rank(opts: BenchOptions, world: int, log: Callable[[str], None]) -> 
             log(f"{world} ranks compiled ({step.compile_seconds:.1f} s on rank 0)")
         prompt = np.random.default_rng(opts.seed).integers(0, model.config.vocab_size, opts.prompt_tokens)
         caches = step.new_caches()
-        _timed_run(step, caches, prompt, opts.decode_tokens)  # pages the weights in, starts the threads
+        timed_run(step, caches, prompt, opts.decode_tokens, step.comm)  # pages in the weights, starts the threads
         timings, pre_reduce, dec_reduce = Timings(), [], []
         for r in range(opts.runs):
-            pre, dec, pre_s, dec_s = _timed_run(step, caches, prompt, opts.decode_tokens)
+            pre, dec, pre_s, dec_s = timed_run(step, caches, prompt, opts.decode_tokens, step.comm)
             timings.prefill_s.append(pre)
             timings.decode_s.append(dec)
             pre_reduce.append(pre_s)
@@ -98,17 +79,7 @@ def measure_rank(opts: BenchOptions, world: int, log: Callable[[str], None]) -> 
 def merge_row(report: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     """``report`` (one process) with ``report["tensor_parallel"]``: the one-process and N-rank rows and the
     ratio of their decode and prefill tokens/s."""
-    one = {"ranks": 1, "threads_per_rank": report["threads"], "decode_tokens_per_s": report["decode_tokens_per_s"],
-           "decode_tokens_per_s_best": report["decode_tokens_per_s_best"],
-           "prefill_tokens_per_s": report["prefill_tokens_per_s"],
-           "prefill_tokens_per_s_best": report["prefill_tokens_per_s_best"],
-           "allreduce_ms_per_decode_token": [0.0]}
-    report["tensor_parallel"] = {
-        "rows": [one, row],
-        "decode_ratio": row["decode_tokens_per_s"] / one["decode_tokens_per_s"],
-        "prefill_ratio": row["prefill_tokens_per_s"] / one["prefill_tokens_per_s"],
-    }
-    return report
+    return merge_parallel_row(report, row, "tensor_parallel", "ranks", "allreduce_ms_per_decode_token")
 
 
 def format_rows(tp: dict[str, Any]) -> list[str]:

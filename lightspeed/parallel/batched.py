@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import symbolic as sym
-from ..engine.batched import KEY_BLOCK, BatchedKV, check_step_inputs
+from ..engine.batched import KEY_BLOCK, BatchedKV, SlottedCaches, check_step_inputs
 from ..frontend import linear, rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
 from ..tensor import Tensor
@@ -29,7 +29,7 @@ from .step import TensorParallelStep
 __all__ = ["TensorParallelBatchedStep"]
 
 
-class TensorParallelBatchedStep:
+class TensorParallelBatchedStep(SlottedCaches):
     """The batched step's interface (``run``, ``slot_caches``, ``move_slot``, ``ctx``, ``max_batch``) over this
     rank's segments; ``step`` is the rank's single-sequence ``TensorParallelStep`` (prefill), whose sharded
     model, communicator, context and KV type it shares."""
@@ -56,7 +56,7 @@ class TensorParallelBatchedStep:
         self.compile_seconds = time.perf_counter() - t0 - self.build_seconds
         # zero pages: memory is only touched as slots fill
         self.caches = {n: np.zeros((max_batch * self.ctx,) + self.row_shape, self.kv_dtype.np) for n in self.names}
-        self._views: list[dict[str, np.ndarray] | None] = [None] * max_batch
+        self._reset_views()
 
     # the segment graphs ---------------------------------------------------------------------------
     def _dims(self):
@@ -122,31 +122,6 @@ class TensorParallelBatchedStep:
         hidden = rms_norm(self._residual(g, batch), w.tensor(g, "output_norm.weight"), c.rms_norm_eps)
         return g, [self.local.lm_head(g, hidden)], []
 
-    # the caches -------------------------------------------------------------------------------------
-    def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
-        """Views ``[ctx, ...]`` of slot ``slot`` in every cache (what the single-sequence step takes); the same
-        dict every time, so ``slot_of`` can tell a prefill's slot from its caches."""
-        if not 0 <= slot < self.max_batch:
-            raise ValueError(f"slot {slot} is outside 0..{self.max_batch - 1}")
-        views = self._views[slot]
-        if views is None:
-            lo = slot * self.ctx
-            views = self._views[slot] = {n: a[lo:lo + self.ctx] for n, a in self.caches.items()}
-        return views
-
-    def slot_of(self, caches: dict[str, np.ndarray]) -> int:
-        """The slot whose ``slot_caches`` dict ``caches`` is (ValueError for any other dict)."""
-        for slot, views in enumerate(self._views):
-            if views is caches:
-                return slot
-        raise ValueError("these caches are not a slot of the tensor-parallel batched step")
-
-    def move_slot(self, src: int, dst: int, rows: int) -> None:
-        """Copy the first ``rows`` rows of slot ``src`` into slot ``dst``."""
-        s, d = src * self.ctx, dst * self.ctx
-        for a in self.caches.values():
-            a[d:d + rows] = a[s:s + rows]
-
     # running ----------------------------------------------------------------------------------------
     def check(self, tokens, positions) -> tuple[np.ndarray, np.ndarray]:
         """The step's inputs as int32 arrays; ValueError (before any collective) when they do not fit."""
@@ -158,8 +133,7 @@ class TensorParallelBatchedStep:
                                                         **{k: self.caches[k], v: self.caches[v]})
         for name, updated in ((k, new_k), (v, new_v)):
             if updated is not self.caches[name]:  # a backend that did not write in place
-                self.caches[name] = updated
-                self._views = [None] * self.max_batch
+                self.adopt(name, updated)
         return x, partial
 
     def run(self, tokens, positions) -> np.ndarray:

@@ -7,6 +7,7 @@ RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import mmap
 import os
@@ -37,19 +38,20 @@ def distributed_env() -> tuple[int, int] | None:
         raise CollectiveError(f"RANK={rank!r} and WORLD_SIZE={world!r} must be integers") from None
 
 
-def group_address(world: int | None = None) -> tuple[int, int, str]:
+def group_address(world: int | None = None, option: str = "--tensor-parallel") -> tuple[int, int, str]:
     """(rank, world size, init method) of the group torchrun's variables describe; ``world`` (if given) must
-    match WORLD_SIZE. CollectiveError naming the missing or mismatched variable."""
+    match WORLD_SIZE. CollectiveError naming the missing or mismatched variable (and ``option``, the flag
+    that asked for ``world`` ranks)."""
     env = distributed_env()
     if env is None:
         raise CollectiveError("not a rank of a launched group (RANK and WORLD_SIZE are not set); start it with "
-                              "--tensor-parallel N or torchrun")
+                              f"{option} N or torchrun")
     rank, size = env
     if world is not None and size != world:
-        raise CollectiveError(f"--tensor-parallel {world} but the launcher started {size} ranks (WORLD_SIZE)")
+        raise CollectiveError(f"{option} {world} but the launcher started {size} ranks (WORLD_SIZE)")
     port = os.environ.get("MASTER_PORT")
     if port is None:
-        raise CollectiveError("MASTER_PORT is not set (torchrun and --tensor-parallel set it)")
+        raise CollectiveError(f"MASTER_PORT is not set (torchrun and {option} set it)")
     return rank, size, f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
 
 
@@ -85,7 +87,10 @@ class SingleProcess(Communicator):
 
 
 class GlooCommunicator(Communicator):
-    """``torch.distributed`` with the gloo backend; arrays are shared with torch without copies."""
+    """``torch.distributed`` with the gloo backend; arrays are shared with torch without copies. ``BACKEND``
+    and ``require_backend`` are what a subclass on another backend changes (``lightspeed.parallel.nccl``)."""
+
+    BACKEND = "gloo"
 
     def __init__(self, rank: int, world: int, init_method: str, timeout_s: float = DEFAULT_TIMEOUT_S):
         super().__init__()
@@ -94,20 +99,30 @@ class GlooCommunicator(Communicator):
             import torch.distributed as dist
         except ImportError:
             raise CollectiveError("tensor parallelism needs torch (pip install torch==2.13.0)") from None
-        if not dist.is_available() or not dist.is_gloo_available():
-            raise CollectiveError("this torch build has no gloo backend for torch.distributed")
+        self.require_backend(torch, dist)
         self.torch, self.dist = torch, dist
         self.rank, self.world = rank, world
         try:
-            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
+            dist.init_process_group(self.BACKEND, init_method=init_method, rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=timeout_s))
         except Exception as e:  # a rank that never arrives, a port in use, ...
             raise CollectiveError(f"rank {rank} of {world} could not join the group at {init_method}: {e}") from None
+        # A process that exits with its group still formed can abort in gloo's teardown ("terminate called
+        # without an active exception": its worker threads outlive the interpreter), so every group is left
+        # while the interpreter is whole, also when the caller never calls close.
+        atexit.register(self.close)
+
+    @staticmethod
+    def require_backend(torch, dist) -> None:
+        """CollectiveError when this torch build cannot run the backend's collectives."""
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise CollectiveError("this torch build has no gloo backend for torch.distributed")
 
     @classmethod
-    def from_env(cls, world: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> "GlooCommunicator":
+    def from_env(cls, world: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 option: str = "--tensor-parallel") -> "GlooCommunicator":
         """Join the group described by torchrun's variables; ``world`` (if given) must match WORLD_SIZE."""
-        rank, size, init_method = group_address(world)
+        rank, size, init_method = group_address(world, option)
         return cls(rank, size, init_method, timeout_s)
 
     def _timed(self, what: str, fn) -> None:
@@ -131,6 +146,8 @@ class GlooCommunicator(Communicator):
         self._timed("broadcast", lambda: self.dist.broadcast(t, src))
 
     def close(self) -> None:
+        """Leave the group (once; later calls do nothing)."""
+        atexit.unregister(self.close)
         if self.dist.is_initialized():
             self.dist.destroy_process_group()
 
@@ -214,7 +231,8 @@ class SharedMemoryCommunicator(GlooCommunicator):
     def close(self) -> None:
         self._flags = self._slots = None
         try:
-            self._map.close()
+            if getattr(self, "_map", None) is not None:  # absent when joining failed before the mapping
+                self._map.close()
         except BufferError:  # a view is still alive somewhere; the mapping goes with the process
             pass
         super().close()

@@ -189,7 +189,7 @@ def follow(step: TensorParallelStep, stepper: TensorParallelBatchedStep, longest
 
 
 def serve_follower(world: int, model: str | None, *, ctx: int | None, quant: str | None, backend: str,
-                   max_batch: int, threads: int | None, activations: dict, kv_dtype: str = "float32") -> int:
+                   max_batch: int, threads: int | None, activations: dict, kv_dtype: str | None = None) -> int:
     """A rank other than 0 of ``lightspeed serve --tensor-parallel N``: load and compile this rank's shard as rank 0
     does (the same arguments), then ``follow`` its engine; the exit code. Ctrl-C is left to rank 0, which ends
     this loop when it has drained its requests."""

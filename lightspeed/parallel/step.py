@@ -24,7 +24,7 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import rms_norm
 from ..graph import Graph
-from ..models.base import DEFAULT_MAX_CHUNK, KVAppend, with_kv_dtype
+from ..models.base import DEFAULT_MAX_CHUNK, KVAppend, default_kv_dtype, with_kv_dtype
 from ..row_step import RowStep
 from .comm import Communicator
 from .sharding import ShardedWeights, ShardPlan, TensorParallelError, shard_config
@@ -50,11 +50,30 @@ def _ffn_unit(lm) -> int:
     return max(32, block_format(t.qtype).block_elems)
 
 
+def check_call(step, tokens, pos: int, caches: dict[str, np.ndarray], where: str = "") -> tuple[np.ndarray, int]:
+    """A rank's call's token ids (int32) and position, checked against ``step``'s ``max_chunk``, ``ctx``,
+    ``vocab_size`` and ``cache_specs`` before any collective; ValueError naming the problem (``where`` is added
+    to the message about missing caches)."""
+    ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
+    n = ids.shape[0]
+    if not 1 <= n <= step.max_chunk:
+        raise ValueError(f"run: {n} tokens; a call takes 1 to {step.max_chunk} (split longer inputs)")
+    pos = int(pos)
+    if pos < 0 or pos + n > step.ctx:
+        raise ValueError(f"run: positions {pos}..{pos + n - 1} exceed the context bound of {step.ctx} tokens")
+    if int(ids.min()) < 0 or int(ids.max()) >= step.vocab_size:
+        raise ValueError(f"run: token ids must lie in [0, {step.vocab_size}), got {ids.min()}..{ids.max()}")
+    missing = [s.name for s in step.cache_specs if s.name not in caches]
+    if missing:
+        raise ValueError(f"run: the caches have no arrays {missing[:4]}{where}")
+    return ids, pos
+
+
 class TensorParallelStep:
     """Rank ``comm.rank``'s compiled segments (see the module docstring); ``run`` is ``CompiledLM.run``."""
 
     def __init__(self, lm, comm: Communicator, ctx: int | None = None, max_chunk: int = DEFAULT_MAX_CHUNK,
-                 last_only: bool = True, kv_dtype: "str | dt.DType" = "float32", backend: str = "c", **options):
+                 last_only: bool = True, kv_dtype: "str | dt.DType | None" = None, backend: str = "c", **options):
         t0 = time.perf_counter()
         self.comm = comm
         self.plan = ShardPlan.for_config(lm.config, comm.world, comm.rank, _ffn_unit(lm))
@@ -65,7 +84,7 @@ class TensorParallelStep:
         self.ctx, self.max_chunk, self.last_only = ctx, min(max_chunk, ctx), last_only
         self.vocab_size = lm.config.vocab_size
         self.kv_update = "rows"
-        self.cache_specs = with_kv_dtype(self.local.cache_specs(ctx), kv_dtype)
+        self.cache_specs = with_kv_dtype(self.local.cache_specs(ctx), kv_dtype or default_kv_dtype(backend))
         self._specs = {s.name: s for s in self.cache_specs}
         graphs = [self._attention_graph(i) if kind == "attention" else self._ffn_graph(i)
                   for i in range(lm.config.n_layers) for kind in ("attention", "ffn")]
@@ -149,18 +168,7 @@ class TensorParallelStep:
     def run(self, tokens, pos: int, caches: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Run ``tokens`` at positions ``pos ..`` on this rank (every rank must make the same call); the
         logits (the same on every rank) and the caches, written in place."""
-        ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
-        n = ids.shape[0]
-        if not 1 <= n <= self.max_chunk:
-            raise ValueError(f"run: {n} tokens; a call takes 1 to {self.max_chunk} (split longer inputs)")
-        pos = int(pos)
-        if pos < 0 or pos + n > self.ctx:
-            raise ValueError(f"run: positions {pos}..{pos + n - 1} exceed the context bound of {self.ctx} tokens")
-        if int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size:
-            raise ValueError(f"run: token ids must lie in [0, {self.vocab_size}), got {ids.min()}..{ids.max()}")
-        missing = [s.name for s in self.cache_specs if s.name not in caches]
-        if missing:
-            raise ValueError(f"run: the caches have no arrays {missing[:4]}")
+        ids, pos = check_call(self, tokens, pos, caches)
         attention = self._attention_steps(caches)
         dims = {"pos": pos}
         reduce = self.comm.all_reduce
