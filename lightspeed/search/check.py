@@ -10,6 +10,21 @@ from ..graph import Program
 
 RTOL = 1e-4  # candidates may reassociate float arithmetic: compare within a few hundred ulps
 ATOL = 1e-5
+# quantized matmuls that round their activations per block of 32 (kernel.quantized: "int16", "int8") move their
+# outputs by about that rounding, far more than reassociation does: (rtol, atol relative to the largest value)
+ACTIVATION_TOLERANCE = {"int16": (2e-3, 2e-3), "int8": (5e-2, 5e-2)}
+
+
+def rounded_activations(plan) -> str | None:
+    """The coarsest activation rounding among ``plan``'s quantized matmul kernels ("int8", "int16"), or None
+    when every one takes its activations as float32 (then the plan computes the reference's values)."""
+    modes = {getattr(k.template, "activations", "float") for k in plan.kernels if k.kind == "qmatmul"}
+    return next((m for m in ("int8", "int16") if m in modes), None)
+
+
+def plan_tolerance(plan) -> tuple[float, float]:
+    """(rtol, atol) to compare two builds of programs formed like ``plan`` with (see ``outputs_agree``)."""
+    return ACTIVATION_TOLERANCE.get(rounded_activations(plan), (RTOL, ATOL))
 
 
 def sample_dims(program: Program, rng: np.random.Generator, cap: int = 8,

@@ -5,8 +5,9 @@ Level 1 (quick): exact rewrites (the rewrite package's SAFE rules), an e-graph h
 its lowered kernels as alternatives (extracted by the calibrated cost model: which to lower), the quantized
 matmul templates timed against the compiler's own kernels for the same nodes (template_race.py: a slower
 template is dropped), and a few knob settings per kernel.
-Level 2 (thorough): the e-graph with exact and rounding rules and the lowered alternatives, and a grid
-of knob settings.
+Level 2 (thorough): the e-graph with exact and rounding rules and the lowered alternatives, the valid graph
+candidates compiled and timed (measured.py: the machine, not the model, has the last word), and a grid of
+knob settings.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..graph import Program
 from ..kernel.fusion import KernelPlan, form_kernels
 from ..rewrite import rewrite_program, rules
 from .lowering import LoweringChoice, choose_lowerings, find_alternatives
+from .measured import MeasuredChoice, measure_candidates
 from .schedule import ScheduleResult, tune_dims, tune_schedule
 from .template_race import RaceResult, race_templates
 
@@ -27,6 +29,8 @@ DEFAULT_BUDGET_S = {1: 30.0, 2: 120.0}
 GRAPH_SHARE = 0.25  # of the budget, at most, for graph-level search (level 2)
 RACE_MIN_BUDGET_S = 5.0  # templates are raced against generated kernels when this much budget is left
 RACE_SHARE = 0.5  # of the budget left, at most, for the race's two compiles (the rest: kernel schedules)
+MEASURE_SHARE = 0.25  # of the budget left after graph search, at most, for timing its candidates (level 2)
+MEASURE_MIN_BUDGET_S = 2.0  # graph candidates are timed when this much of that share is left
 
 
 @dataclass
@@ -45,6 +49,7 @@ class SearchReport:
     # and the e-graph's saturation report (egraph.Saturation or windows.WindowedSaturation)
     candidates: list = field(default_factory=list)
     saturation: object = None
+    measured: MeasuredChoice | None = None  # level 2: the valid graph candidates timed on this machine
     # what changed in the program: op name -> (count before, count after), for ops whose count changed
     ops_changed: dict = field(default_factory=dict)
     nodes: tuple = (0, 0)  # node count before and after
@@ -77,12 +82,24 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
         from .graph_search import search_graph
         g = search_graph(new, level=2, budget_s=max(budget * GRAPH_SHARE - (time.perf_counter() - t0), 0.1),
                          model=model, rulesets=("exact", "rounding") + (("lowered",) if templates else ()))
-        new, report.graph = g.program, g.chosen
         report.rewrites, report.saturation = dict(g.fired), g.saturation
         report.candidates = [(c.name, c.cost, c.valid, c.checked) for c in g.candidates]
-        if g.chosen == "e-graph" and templates:  # a new program: lower exactly what its extraction chose
-            report.lowering = LoweringChoice(g.decisions, g.lower_only, getattr(g.saturation, "enodes", 0), g.seconds)
-            lower_only = g.lower_only
+        chosen = g.chosen
+        left = (budget - (time.perf_counter() - t0)) * MEASURE_SHARE
+        if left >= MEASURE_MIN_BUDGET_S:  # the model ranked them; the machine decides (measured.py)
+            report.measured = measure_candidates(program, g.candidates, g.chosen, form_options,
+                                                 cc or find_compiler(), list(flags) if flags is not None
+                                                 else default_flags(), tune_dims(program, dims), budget_s=left)
+            chosen = report.measured.chosen or chosen
+            form_options.update(report.measured.form_options)  # which values get a buffer, as measured
+        else:
+            report.measured = MeasuredChoice(note=f"not measured: {left:.1f} s of budget left for it")
+        pick = next(c for c in g.candidates if c.name == chosen)
+        new, report.graph = pick.program, pick.name
+        if pick.name == "e-graph" and templates:  # a new program: lower exactly what its extraction chose
+            report.lowering = LoweringChoice(pick.decisions, pick.lower_only, getattr(g.saturation, "enodes", 0),
+                                             g.seconds)
+            lower_only = pick.lower_only
     alternatives = find_alternatives(new) if templates and report.lowering is None else []
     if alternatives:  # which matched lowered kernels to form: an e-graph of the program and them
         try:
@@ -96,7 +113,8 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
         lower_only, report.race = race_templates(new, lower_only, form_options, cc or find_compiler(),
                                                  list(flags) if flags is not None else default_flags(),
                                                  tune_dims(new, dims), budget_s=left * RACE_SHARE)
-    if new is not program or lower_only is not None:
+    materialised = report.measured is not None and report.measured.form_options
+    if new is not program or lower_only is not None or materialised:
         plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only))
     remaining = budget - (time.perf_counter() - t0)
     report.schedule = tune_schedule(new, plan, level, max(remaining, 0.0), cc, flags, dims, progress=progress)

@@ -3,11 +3,11 @@
     prog = g.compile([y], backend="c", search=2)
     print(lightspeed.search.explain(prog))
 
-It reports the graph candidates (modelled cost, reference check), the rewrite rules that fired, the
-e-graph's saturation (windows, iterations, e-nodes, why it stopped) and its rules by matches, what changed
-in the program (node and op counts), the lowered kernels kept and dropped (by the cost model and by the
-template race) and the kernel schedules tried, with the measured time of the chosen program against the
-heuristics' program.
+It reports the graph candidates (modelled cost, reference check, measured time at level 2), the rewrite
+rules that fired, the e-graph's saturation (windows, iterations, e-nodes, why it stopped) and its rules by
+matches, what changed in the program (node and op counts), the lowered kernels kept and dropped (by the
+cost model and by the template race) and the kernel schedules tried, with the measured time of the chosen
+program against the heuristics' program.
 """
 from __future__ import annotations
 
@@ -56,6 +56,16 @@ def _graph(r) -> list[str]:
         top = sorted(((n, rule) for rule, n in getattr(sat, "matches", {}).items() if n), reverse=True)
         for n, rule in top[:TOP_RULES]:
             out.append(f"    {n:7d} matches  {' '.join(rule.split())[:100]}")
+    m = getattr(r, "measured", None)
+    if m is not None and m.seconds:
+        times = ", ".join(f"{name} {_ms(t)}" for name, t in m.seconds.items())
+        source = " (the stored choice: nothing compiled or timed)" if m.from_cache else ""
+        out.append(f"  measured candidates: {times}; chosen {m.chosen}{source}")
+    elif m is not None and m.note:
+        out.append(f"  measured candidates: {m.note}")
+    if m is not None and m.materialise_seconds:
+        times = ", ".join(f"{name} {_ms(t)}" for name, t in m.materialise_seconds.items())
+        out.append(f"  measured materialisation: {times}; chosen {m.materialise}")
     before, after = r.nodes
     change = ", ".join(f"{op} {a} -> {b}" for op, (a, b) in r.ops_changed.items()) or "no op count changed"
     if before or after:

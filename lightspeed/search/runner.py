@@ -2,6 +2,8 @@
 the library was rendered with ``profile=True``, the time of every kernel."""
 from __future__ import annotations
 
+import concurrent.futures as cf
+import threading
 import time
 
 import cffi
@@ -93,3 +95,17 @@ def compare(a: PlanRunner, b: PlanRunner, runs: int = 7) -> tuple[float, float]:
             else:
                 tb = min(tb, dt)
     return ta, tb
+
+
+def in_background(fn, *args) -> cf.Future:
+    """``fn(*args)`` on a daemon thread: a compile past a search's budget is abandoned, and neither waits for
+    it nor keeps the interpreter from exiting (a thread pool's workers are joined at exit)."""
+    fut: cf.Future = cf.Future()
+
+    def run():
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+            fut.set_exception(e)
+    threading.Thread(target=run, daemon=True).start()
+    return fut

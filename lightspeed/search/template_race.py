@@ -10,7 +10,6 @@ else nothing is dropped.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -22,10 +21,10 @@ from ..backend.c.render import render_plan
 from ..backend.c.scheduling import assign_schedules
 from ..graph import Program
 from ..kernel.fusion import form_kernels
-from .check import outputs_agree, random_inputs
+from .check import outputs_agree, plan_tolerance, random_inputs
 from .cost import CostModel
 from .lowering import find_alternatives
-from .runner import PlanRunner
+from .runner import PlanRunner, in_background
 
 MIN_GAIN = 0.05  # a generated kernel must beat the template by this fraction to replace it
 
@@ -58,20 +57,6 @@ def _extra_seconds(without, with_t, env: dict[str, int]) -> float:
     return model.seconds(0, 4 * extra) * model.primitive_factor("qmatmul")
 
 
-def _in_background(fn, *args) -> cf.Future:
-    """``fn(*args)`` on a daemon thread: a compile past the budget is abandoned, and neither waits for it
-    nor keeps the interpreter from exiting (a thread pool's workers are joined at exit)."""
-    fut: cf.Future = cf.Future()
-
-    def run():
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
-            fut.set_exception(e)
-    threading.Thread(target=run, daemon=True).start()
-    return fut
-
-
 def race_templates(program: Program, lower_only: frozenset[int] | None, form_options: dict, cc: str,
                    flags: list[str], env: dict[str, int], seed: int = 0,
                    budget_s: float | None = None) -> tuple[frozenset[int] | None, RaceResult]:
@@ -98,7 +83,7 @@ def race_templates(program: Program, lower_only: frozenset[int] | None, form_opt
         return lower_only, res
     inputs = random_inputs(program, env, np.random.default_rng(seed))
     runtime_library()  # the thread pool, loaded with global symbols before any kernel library
-    builds = [_in_background(compile_shared, render_plan(p, profile=True), flags, cc) for p in (with_t, without)]
+    builds = [in_background(compile_shared, render_plan(p, profile=True), flags, cc) for p in (with_t, without)]
     try:
         deadline = None if budget_s is None else t0 + budget_s
         paths = [f.result(timeout=None if deadline is None else max(deadline - time.perf_counter(), 0.0))
@@ -110,7 +95,9 @@ def race_templates(program: Program, lower_only: frozenset[int] | None, form_opt
     except CompilerError as e:
         res.note = f"not raced: {e}"
         return lower_only, res
-    if not outputs_agree(runners[0].outputs(), runners[1].outputs()):
+    # the templates may round their activations (int16/int8), the generated kernels never do
+    rtol, atol = plan_tolerance(with_t)
+    if not outputs_agree(runners[0].outputs(), runners[1].outputs(), rtol=rtol, atol=atol):
         res.note = "not raced: the two plans' outputs disagree"
         return lower_only, res
     per = []
