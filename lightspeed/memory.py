@@ -89,11 +89,35 @@ def in_region(a: np.ndarray) -> bool:
     return False
 
 
+def region_spans() -> list[tuple[int, int]]:
+    """(start address, size) of every live ``HugePageRegion``: what a memory report counts as weights."""
+    return [(start, size) for start, (size, ref) in list(_REGIONS.items()) if ref() is not None]
+
+
+def resident_bytes(address: int, nbytes: int) -> int | None:
+    """Bytes of the pages under ``[address, address + nbytes)`` that are resident now (``mincore``; the
+    pages at both ends count whole). Meant for anonymous memory: under a file mapping, mincore says which
+    pages are in the page cache, mapped by this process or not. None where the OS has no such call or the
+    range is not mapped."""
+    libc = _libc()
+    if libc is None or nbytes <= 0:
+        return None if libc is None else 0
+    page = mmap.PAGESIZE
+    lo = address // page * page
+    n_pages = -(-(address + nbytes - lo) // page)
+    vec = (ctypes.c_ubyte * n_pages)()
+    if libc.mincore(ctypes.c_void_p(lo), n_pages * page, vec) != 0:
+        return None
+    # bit 0 of each byte says whether that page is resident
+    return int(np.count_nonzero(np.frombuffer(vec, dtype=np.uint8) & 1)) * page
+
+
 def _libc():
     if not sys.platform.startswith("linux"):
         return None
     lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     lib.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    lib.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
     return lib
 
 

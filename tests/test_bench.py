@@ -73,6 +73,16 @@ def test_report_has_the_fields_and_they_agree(report, tiny):
     assert report["machine"]["cores"] >= 1 and report["date"]
 
 
+def test_report_breaks_the_resident_memory_down(report):
+    """lightspeed/bench/rss.py after the untimed run: the KV cache and the weights are named, the parts add up
+    to at most the total, which is at most the run's peak (read a moment before)."""
+    parts = report["rss_breakdown_bytes"]
+    assert parts["kv_cache"] > 0 and parts["weights_huge_pages"] > 0 and parts["shared_libraries"] > 0
+    assert parts["step_arena_size"] > 0
+    named = sum(v for k, v in parts.items() if k not in ("total", "step_arena_size"))
+    assert named <= parts["total"] <= report["peak_rss_run_bytes"] + (1 << 20)
+
+
 def test_peers_report_ratios_or_why_they_were_skipped(report):
     assert set(report["peers"]) | set(report["peers_skipped"]) == {"llama.cpp", "pytorch", "pytorch-bf16"}
     for peer in report["peers"].values():
@@ -85,7 +95,7 @@ def test_peers_report_ratios_or_why_they_were_skipped(report):
         assert why
     try:
         import torch  # noqa: F401
-        import transformers
+        import transformers  # noqa: F401
     except ImportError:
         return
     for name in ("pytorch", "pytorch-bf16"):
@@ -164,7 +174,7 @@ def test_quantized_activations_reach_the_compiled_step_from_bench_and_generate(t
     assert r["activations"] == "int16" and r["options"]["activations"] == "int16"
     assert "int16 activations" in format_text(r)
     with_int16 = api.load(str(tiny), ctx=32, progress=False, activations="int16")
-    plain = api.load(str(tiny), ctx=32, progress=False)
+    plain = api.load(str(tiny), ctx=32, progress=False, activations="float")  # the default is "auto"
     scratch = [k for k in with_int16.step.program.executor.plan.kernels if k.kind == "qmatmul" and k.scratch]
     assert scratch and all(k.template.activations == "int16" for k in scratch)
     assert not [k for k in plain.step.program.executor.plan.kernels if k.scratch]

@@ -13,13 +13,15 @@ from ..requant import TARGETS
 
 def _bench(args: argparse.Namespace) -> int:
     from ..parallel import distributed_env
+    from ..parallel.options import check_stages, parallel_ranks
     from . import BenchOptions, run_bench
+    from .pipeline_parallel import measure_stage, merge_stage_row
     from .tensor_parallel import measure_rank, merge_row
-    if args.tensor_parallel < 1:
-        raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
-    if args.tensor_parallel > 1 and args.backend != "c":
-        raise ValueError(f"bench --tensor-parallel runs the C backend's ranks; --backend {args.backend} is not "
+    world, option = parallel_ranks(args.tensor_parallel, args.pipeline_parallel)
+    if world > 1 and args.backend != "c":
+        raise ValueError(f"bench {option} runs the C backend's ranks; --backend {args.backend} is not "
                          "supported with it")
+    measure, merge = (measure_stage, merge_stage_row) if option == "--pipeline-parallel" else (measure_rank, merge_row)
     if args.backend in ("cuda", "opencl"):  # the GPU bench: device bandwidth probe, tokens/s on the device
         return _gpu_bench(args)
     if args.backend != "c":
@@ -37,12 +39,14 @@ def _bench(args: argparse.Namespace) -> int:
             return 1
     log = (lambda m: None) if args.quiet else (lambda m: print(f"[bench] {m}", file=sys.stderr, flush=True))
     row = None
-    if args.tensor_parallel > 1:
+    if world > 1:
         if distributed_env() is None:  # this process: the one-process run, then N local ranks for the row
+            if option == "--pipeline-parallel":
+                check_stages(args.model, world)
             report = run_bench(opts, log=log)
-            row = _local_ranks_row(args.tensor_parallel)
-            return _print(args, merge_row(report, row))
-        row = measure_rank(opts, args.tensor_parallel, log)  # a rank (of ours, or of torchrun)
+            row = _local_ranks_row(world, option)
+            return _print(args, merge(report, row))
+        row = measure(opts, world, log)  # a rank (of ours, or of torchrun)
         if args.tensor_parallel_report:  # started by _local_ranks_row: rank 0 hands its row back
             if row is not None:
                 with open(args.tensor_parallel_report, "w") as f:
@@ -53,18 +57,18 @@ def _bench(args: argparse.Namespace) -> int:
     # errors (a missing model, bad sizes, out of memory) are reported by lightspeed.cli.run_handler
     report = run_bench(opts, log=log)
     if row is not None:
-        merge_row(report, row)
+        merge(report, row)
     return _print(args, report)
 
 
-def _local_ranks_row(world: int) -> dict:
+def _local_ranks_row(world: int, option: str = "--tensor-parallel") -> dict:
     """Run this command as ``world`` local ranks (cores split between them) and read rank 0's row."""
     from ..parallel.launch import launch_local
     with tempfile.TemporaryDirectory(prefix="lightspeed-bench-tp-") as folder:
         path = os.path.join(folder, "row.json")
         code = launch_local(world, [*sys.argv[1:], "--tensor-parallel-report", path])
         if code != 0:
-            raise RuntimeError(f"bench --tensor-parallel {world}: a rank failed (exit code {code}); its message "
+            raise RuntimeError(f"bench {option} {world}: a rank failed (exit code {code}); its message "
                                "is above")
         with open(path) as f:
             return json.load(f)
@@ -81,7 +85,7 @@ def _print(args: argparse.Namespace, report: dict) -> int:
 
 def _gpu_bench(args: argparse.Namespace) -> int:
     from .gpu import format_gpu_text, run_gpu_bench
-    if args.peers or args.plot or args.quant or args.activations != "float" or args.kv_cache != "f32":
+    if args.peers or args.plot or args.quant or args.activations != "auto" or args.kv_cache == "f16":
         raise ValueError("bench --backend cuda|opencl takes --model, --prompt-tokens, --decode-tokens, --runs, "
                          "--probe-reps, --seed, --json and --quiet only")
     report = run_gpu_bench(args.backend, args.model, args.prompt_tokens, args.decode_tokens, args.runs,
@@ -116,5 +120,8 @@ def add_bench(sub) -> None:
                    help="also time N local ranks of tensor parallelism (each with cores/N threads unless --threads "
                         "is given): tokens/s and all-reduce ms per token of 1 and N ranks; under torchrun, the "
                         "ranks it started")
+    p.add_argument("--pipeline-parallel", type=int, default=1, metavar="N",
+                   help="also time N local pipeline stages (consecutive layers; cores/N threads each unless "
+                        "--threads is given): tokens/s and send/recv ms per token of 1 and N stages")
     p.add_argument("--tensor-parallel-report", default=None, help=argparse.SUPPRESS)  # rank 0's row, to the parent
     p.set_defaults(handler=_bench)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .pipeline_parallel import format_stage_rows
 from .tensor_parallel import format_rows
 
 
@@ -17,12 +18,13 @@ def format_text(r: dict[str, Any]) -> str:
     how = f"requantized to {r['quant']} in memory" if r["requantized_in_memory"] else r["quant"]
     if r.get("activations") in ("int16", "int8"):
         how += f", {r['activations']} activations"
-    if r.get("kv_cache") == "f16":
-        how += ", f16 KV cache"
+    if r.get("kv_cache"):
+        how += f", {r['kv_cache']} KV cache"
     lines = [
         f"model    {os.path.basename(r['model'])} ({how}; {_mb(r['weight_bytes_per_token'])} of weights read "
         f"per token)",
-        f"machine  {m['cpu']} ({', '.join(m['features']) or 'no AVX2'}), {r['threads']} thread{'s' if r['threads'] != 1 else ''}; {r['date']}",
+        f"machine  {m['cpu']} ({', '.join(m['features']) or 'no AVX2'}), {r['threads']} "
+        f"thread{'s' if r['threads'] != 1 else ''}; {r['date']}",
         f"work     prefill {r['prompt_tokens']} tokens, then decode {r['decode_tokens']} tokens; "
         f"{r['runs']} runs (median, best)",
         "",
@@ -51,11 +53,18 @@ def format_text(r: dict[str, Any]) -> str:
         + (f", {_mb(r['peak_rss_run_bytes'])} during a run" if r.get("peak_rss_run_bytes") else "")
         + f"; model file {_mb(r['model_file_bytes'])}",
     ]
+    parts = r.get("rss_breakdown_bytes")
+    if parts:  # lightspeed/bench/rss.py: resident memory right after a run, by kind
+        shown = [(k, v) for k, v in parts.items() if k not in ("total", "step_arena_size")]
+        lines.append("resident   " + ", ".join(f"{k.replace('_', ' ')} {_mb(v)}" for k, v in shown)
+                     + f" (of {_mb(parts['total'])}; the step's arena is {_mb(parts['step_arena_size'])})")
     for name, label in r["engines"].items():
         rev = f" (source {r['lightspeed_revision']})" if name == "lightspeed" and r.get("lightspeed_revision") else ""
         lines.append(f"engine     {name}: {label}{rev}")
     if "tensor_parallel" in r:  # lightspeed bench --tensor-parallel N
         lines += format_rows(r["tensor_parallel"])
+    if "pipeline_parallel" in r:  # lightspeed bench --pipeline-parallel N
+        lines += format_stage_rows(r["pipeline_parallel"])
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from .engines import LightspeedEngine, LlamaCppEngine, TorchEngine
 from .machine import PeakRSS, available_cores, machine_summary, source_revision
 from .probe import measure_read_bandwidth
+from .rss import rss_breakdown
 
 PEERS = ("llama.cpp", "pytorch", "pytorch-bf16")
 PAUSE_S = 0.25  # lets the previous engine's spinning worker threads go to sleep before the next one
@@ -42,7 +43,7 @@ class BenchOptions:
     probe_reps: int = 5
     seed: int = 0
     activations: str = "float"      # Lightspeed's quantized matmuls: float, int16 or int8 (llama.cpp-style)
-    kv_cache: str = "f32"           # Lightspeed's KV cache element type: f32 or f16
+    kv_cache: str | None = None     # Lightspeed's KV cache element type: f16 or f32 (None: the default, f16)
     peer_names: tuple[str, ...] = PEERS
 
 
@@ -134,6 +135,9 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
         lm = load_model(path, tokenizer=False)
         if not hasattr(getattr(lm, "weights", None), "file"):
             raise ValueError(f"bench: {path} did not load as a GGUF model")
+        # no tokenizer is built here, so the vocabulary (~8 MB of Python strings) would otherwise stay in the
+        # metadata for the whole run, memory a generating process (load_model with a tokenizer) does not hold
+        lm.weights.file.release_vocabulary()
         if target is not None:
             log(f"requantizing to {target.name} in memory")
             requantize_model(lm, target)
@@ -149,17 +153,23 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
         cache = os.path.join(scratch, "cache")
         options = {**activation_options(opts.activations), **kv_cache_options(opts.kv_cache)}
         step, cold_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
-        del step
-        step, warm_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
-        engines = [LightspeedEngine(step)]
         prompt = np.random.default_rng(opts.seed).integers(0, lm.config.vocab_size, opts.prompt_tokens)
-        # one untimed run pages the weights in and starts the threads; Lightspeed's peak memory is read
-        # after it, before the probe's buffer or any peer shares the process
+        # Lightspeed's peak memory is that of one untimed run straight after the first compile, as in a process
+        # that loads, compiles and generates; read before the second compile (its freed first program would
+        # leave ~3 MB of fragments), the probe's buffer or any peer shares the process
         peak_rss = rss.peak_bytes()
         rss.reset()  # the run's own peak: from what load and compile left resident
-        engines[0].run(prompt, opts.decode_tokens)
+        first = LightspeedEngine(step)
+        first.run(prompt, opts.decode_tokens)
         run_rss = rss.peak_bytes()
         peak_rss = max(peak_rss, run_rss)
+        # right after the run, resident memory is at (or within a few pages of) the run's peak
+        breakdown = rss_breakdown(path, {"kv_cache": list(first.caches.values())})
+        breakdown["step_arena_size"] = int(getattr(step.program.executor, "arena_bytes", 0))
+        del first, step  # the warm compile copies the weights again, as a new process would
+        step, warm_s = _compile_timed(lm, ctx, max_chunk, cache, **options)
+        engines = [LightspeedEngine(step)]
+        engines[0].run(prompt, opts.decode_tokens)  # untimed: pages the caches in and starts the threads
         skipped: dict[str, str] = {}
         if opts.peers:
             peer_path = path
@@ -191,14 +201,17 @@ def run_bench(opts: BenchOptions, log: Callable[[str], None] = _log_to_stderr) -
             log(f"run {r + 1}/{opts.runs}: " + ", ".join(
                 f"{e.name} {opts.decode_tokens / timings[e.name].decode_s[-1]:.1f} tok/s decode" for e in engines)
                 + f", bandwidth {probes[-1].best_gb_per_s:.1f} GB/s")
-        return _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, warm_s, peak_rss,
-                       run_rss if rss.resettable else None, engines, timings, probes, skipped)
+        report = _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, warm_s, peak_rss,
+                         run_rss if rss.resettable else None, engines, timings, probes, skipped)
+        report["rss_breakdown_bytes"] = breakdown
+        return report
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, warm_s, peak_rss, run_rss,
             engines, timings, probes, skipped) -> dict[str, Any]:
+    from ..cli_generate import kv_cache_name
     ls = timings["lightspeed"].rates(opts.prompt_tokens, opts.decode_tokens)
     bandwidths = [p.best_gb_per_s for p in probes]
     # each run's decode rate against the limit measured just before it
@@ -213,7 +226,7 @@ def _report(opts, path, target, threads, tensors, per_token, load_s, cold_s, war
         "quant": target.name if target is not None else main_type(tensors),
         "requantized_in_memory": target is not None,
         "activations": opts.activations,
-        "kv_cache": opts.kv_cache,
+        "kv_cache": kv_cache_name(opts.kv_cache),
         "weight_bytes_by_type": by_type,
         "threads": threads,
         "prompt_tokens": opts.prompt_tokens,
