@@ -77,6 +77,9 @@ def test_c_backend_options_are_refused_by_name() -> None:
     x = g.input("x", (4,))
     with pytest.raises(ValueError, match="backend 'opencl' does not take the option.s. activations"):
         g.compile([x.exp()], backend="opencl", activations="int8")
+    # float32 activations are what the GPU kernels take: asking for them is accepted
+    prog = g.compile([x.exp()], backend="opencl", activations="float")
+    np.testing.assert_allclose(prog(x=np.zeros(4, np.float32))[0], np.ones(4), rtol=1e-6)
 
 
 def test_bench_backend_opencl_reports_bandwidth_and_percent(tmp_path, capsys) -> None:

@@ -3,7 +3,7 @@ that ``--backend cuda`` on a machine without a driver fails at once, with the re
 has been loaded and compiled), and the error for options a GPU backend does not take."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 GPU_BACKENDS = ("opencl", "cuda")
 
@@ -33,10 +33,12 @@ def require_runnable(backend: str) -> None:
             raise CudaUnavailableError(f"--backend cuda cannot run here: {reason}")
 
 
-def reject_options(backend: str, options: Iterable[str], accepted: Iterable[str]) -> None:
+def reject_options(backend: str, options: Mapping[str, object], accepted: Iterable[str]) -> None:
     """A ValueError naming the options ``backend`` does not take (the C backend's performance switches,
-    such as ``activations`` or ``templates``, have no meaning for the GPU kernels)."""
-    unknown = sorted(options)
+    such as ``activations`` or ``templates``, have no meaning for the GPU kernels; ``activations="float"`` is what
+    they do anyway and is accepted)."""
+    # the GPU kernels take float32 activations: asking for exactly that is no conflict
+    unknown = sorted(k for k in options if not (k == "activations" and options[k] == "float"))
     if unknown:
         raise ValueError(f"backend {backend!r} does not take the option(s) {', '.join(unknown)} (C-backend "
                          f"options; it takes: {', '.join(accepted)})")
