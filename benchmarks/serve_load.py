@@ -59,6 +59,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--threads", str(args.threads)]
     if args.prefill_chunk:
         cmd += ["--prefill-chunk", str(args.prefill_chunk)]
+    if args.kv_cache:
+        cmd += ["--kv-cache", args.kv_cache]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + args.start_timeout
     for line in proc.stderr:
@@ -295,6 +297,8 @@ def main(argv=None) -> int:
     p.add_argument("--long-tokens", type=int, default=1500, help="tokens of the --prefill phase's prompt (1500)")
     p.add_argument("--prefix", action="store_true", help="time to first token with a shared system prompt")
     p.add_argument("--prefill-chunk", default=None, help="--prefill-chunk of the server this script starts")
+    p.add_argument("--kv-cache", default=None, choices=["f16", "f32"],
+                   help="--kv-cache of the server this script starts (default: the server's, f16)")
     p.add_argument("--skip-scaling", action="store_true")
     p.add_argument("--skip-load", action="store_true")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")

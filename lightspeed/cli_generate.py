@@ -6,6 +6,10 @@ import json
 import math
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .engine.local import EngineChat
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,9 +39,10 @@ def check_backend(backend: str) -> None:
 
 def add_activations_argument(p: argparse.ArgumentParser) -> None:
     """``--activations`` (and its older spelling ``--int8-activations``) for generate, bench and serve."""
-    p.add_argument("--activations", default="float", choices=["float", "int16", "int8"],
-                   help="how the quantized matmuls (Q8_0/Q4_0/Q4_1) take activations: float (default; reproduces "
-                        "a float reference), int16 (quantized per block of 32: faster, ~2e-5 error per product) or "
+    p.add_argument("--activations", default="auto", choices=["auto", "float", "int16", "int8"],
+                   help="how the quantized matmuls (Q8_0/Q4_0/Q4_1) take activations: auto (default: int16 for "
+                        "decode, float for prefill), float (reproduces a float reference), int16 (quantized per "
+                        "block of 32: faster, ~2e-5 error per product) or "
                         "int8 (as llama.cpp does: faster still, ~0.5%% error per product, so greedy output can "
                         "differ from a float reference)")
     p.add_argument("--int8-activations", dest="activations", action="store_const", const="int8",
@@ -45,23 +50,33 @@ def add_activations_argument(p: argparse.ArgumentParser) -> None:
 
 
 def activation_options(activations: str) -> dict:
-    """The compile options of an ``--activations`` value (none for the default)."""
-    return {} if activations == "float" else {"activations": activations}
+    """The compile options of an ``--activations`` value (none for the default, the model's own)."""
+    return {} if activations == "auto" else {"activations": activations}
 
 
 KV_CACHE_TYPES = {"f32": "float32", "f16": "float16"}  # --kv-cache value -> the model's kv_dtype
 
 
 def add_kv_cache_argument(p: argparse.ArgumentParser) -> None:
-    """``--kv-cache {f32,f16}`` for generate, chat, bench and serve."""
-    p.add_argument("--kv-cache", default="f32", choices=list(KV_CACHE_TYPES),
-                   help="the KV cache's element type: f32 (default) or f16 (half the memory and the bytes "
-                        "attention reads per token; keys and values are rounded to float16 when stored)")
+    """``--kv-cache {f32,f16}`` for generate, chat, bench, serve and perplexity (unset: the backend's default,
+    ``lightspeed.models.base.default_kv_dtype``)."""
+    p.add_argument("--kv-cache", default=None, choices=list(KV_CACHE_TYPES),
+                   help="the KV cache's element type: f16 (the default on the C backend: half the memory and the "
+                        "bytes attention reads per token; keys and values are rounded to float16 when stored) or "
+                        "f32 (closer to a float32 reference; the default on the GPU backends)")
 
 
-def kv_cache_options(kv_cache: str) -> dict:
-    """The compile options of a ``--kv-cache`` value (none for the default)."""
-    return {} if kv_cache == "f32" else {"kv_dtype": KV_CACHE_TYPES[kv_cache]}
+def kv_cache_options(kv_cache: str | None) -> dict:
+    """The compile options of a ``--kv-cache`` value (none when unset: the backend's default)."""
+    return {} if kv_cache is None else {"kv_dtype": KV_CACHE_TYPES[kv_cache]}
+
+
+def kv_cache_name(kv_cache: str | None, backend: str = "c") -> str:
+    """The ``--kv-cache`` value a step gets: ``kv_cache``, or the backend's default when unset."""
+    if kv_cache is not None:
+        return kv_cache
+    from .models.base import default_kv_dtype
+    return {v: k for k, v in KV_CACHE_TYPES.items()}[default_kv_dtype(backend)]
 
 
 def _sampling_arguments(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -97,7 +112,8 @@ def _gigabytes(n: int) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
-def check_context(option: str, ctx: int, model_path: str | None, kv_cache: str = "f32") -> None:
+def check_context(option: str, ctx: int, model_path: str | None, kv_cache: str | None = None,
+                  backend: str = "c") -> None:
     """Refuse a context bound before anything is compiled or allocated: below 1, or with a KV cache larger
     than this machine's memory (which would end in a MemoryError much later). A bound beyond the model's
     trained context is allowed with a note. ``option`` names the flag in the messages."""
@@ -107,7 +123,7 @@ def check_context(option: str, ctx: int, model_path: str | None, kv_cache: str =
     from .api import default_model_path
     from .models import load_model
     lm = load_model(default_model_path() if model_path is None else model_path, tokenizer=False)  # mapped, cheap
-    itemsize = np.dtype(KV_CACHE_TYPES[kv_cache]).itemsize
+    itemsize = np.dtype(KV_CACHE_TYPES[kv_cache_name(kv_cache, backend)]).itemsize
     cache_bytes = sum(math.prod(s.shape) for s in lm.cache_specs(ctx)) * itemsize
     trained = lm.config.context_length
     try:
@@ -132,38 +148,52 @@ def _load(args: argparse.Namespace):
         set_num_threads(args.threads)
     check_backend(args.backend)
     if args.ctx is not None:
-        check_context("--ctx", args.ctx, args.model, args.kv_cache)
+        check_context("--ctx", args.ctx, args.model, args.kv_cache, args.backend)
     options = {**activation_options(args.activations), **kv_cache_options(args.kv_cache)}
     return load(args.model, ctx=args.ctx, backend=args.backend, quant=args.quant,
-                tensor_parallel=getattr(args, "tensor_parallel", 1), **options)
+                tensor_parallel=getattr(args, "tensor_parallel", 1),
+                pipeline_parallel=getattr(args, "pipeline_parallel", 1), **options)
 
 
 def _generate(args: argparse.Namespace) -> int:
-    if args.tensor_parallel < 1:
-        raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
-    if args.tensor_parallel > 1:
+    from .parallel.options import check_stages, parallel_ranks
+    world, option = parallel_ranks(args.tensor_parallel, args.pipeline_parallel)
+    if world > 1:
         from .parallel import distributed_env
         from .parallel.launch import launch_local
         env = distributed_env()
         if env is None:  # this process starts the ranks (torchrun started them already otherwise)
             if args.prompt == "-":
-                raise ValueError("--tensor-parallel takes the prompt on the command line, not from stdin")
-            return launch_local(args.tensor_parallel, sys.argv[1:])
+                raise ValueError(f"{option} takes the prompt on the command line, not from stdin")
+            if option == "--pipeline-parallel":
+                check_stages(args.model, world)
+            return launch_local(world, sys.argv[1:])
         if env[0] != 0:  # every rank computes the same text; rank 0 prints it
             sys.stdout = open(os.devnull, "w")
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     schema = read_schema(args.json_schema) if args.json_schema is not None else None  # before the slow load
     model = _load(args)  # errors are reported by lightspeed.cli.run_handler
-    gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
-    if schema is not None:
-        gen.constraint = schema_constraint(schema, model, args.json_schema)
-    if args.json:
-        gen.run()
-    else:
-        for piece in gen:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
+    from .engine.local import LocalEngine
+    local = LocalEngine(model) if world == 1 else None  # one process: the engine serve uses, with one slot
+    try:
+        if local is not None:
+            ids = model.chat_ids(prompt, args.system) if args.chat else model.prompt_ids(prompt)
+            grammar = schema_grammar(schema, model, args.json_schema) if schema is not None else None
+            gen = local.generate(ids, grammar=grammar, **_sampling_options(args))
+        else:  # every rank runs the same calls in the same order: the plain loop, no engine thread
+            gen = model.generate(prompt, chat=args.chat, system=args.system, **_sampling_options(args))
+            if schema is not None:
+                gen.constraint = schema_constraint(schema, model, args.json_schema)
+        if args.json:
+            gen.run()
+        else:
+            for piece in gen:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+    finally:
+        if local is not None:
+            local.close()
     if args.json:
         s = gen.stats
         print(json.dumps({
@@ -189,19 +219,25 @@ def read_schema(path: str) -> dict:
     return schema
 
 
-def schema_constraint(schema: dict, model, path: str = "the schema"):
-    """The grammar state of output that must be JSON satisfying ``schema`` under ``model``'s vocabulary
-    (a ``lightspeed.structured.Constraint``); ValueError naming ``path`` when the grammar library refuses it."""
+def schema_grammar(schema: dict, model, path: str = "the schema"):
+    """The grammar of output that must be JSON satisfying ``schema`` under ``model``'s vocabulary (a
+    ``lightspeed.structured.CompiledGrammar``); ValueError naming ``path`` when the grammar library refuses it."""
     from .structured import GrammarCompiler, json_schema
     try:
-        grammar = GrammarCompiler(model.tokenizer, model.config.vocab_size).compile(json_schema(schema))
+        return GrammarCompiler(model.tokenizer, model.config.vocab_size).compile(json_schema(schema))
     except ValueError as e:  # GrammarError: an unsupported or unsatisfiable schema
         raise ValueError(f"--json-schema {path}: {e}") from None
-    return grammar.new_constraint()
+
+
+def schema_constraint(schema: dict, model, path: str = "the schema"):
+    """A fresh grammar state (``lightspeed.structured.Constraint``) of ``schema_grammar``'s grammar."""
+    return schema_grammar(schema, model, path).new_constraint()
 
 
 def _parallel_timings(model) -> dict:
     """The all-reduce seconds and count of a tensor-parallel run (nothing for one process)."""
+    if hasattr(model.step, "parallel_timings"):  # pipeline stages: their send/recv waits
+        return model.step.parallel_timings()
     comm = getattr(model.step, "comm", None)
     if comm is None:
         return {}
@@ -219,6 +255,8 @@ def add_generate(sub) -> None:
     p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                    help="split the model across N local ranks (processes; each takes cores/N threads unless "
                         "--threads is given); under torchrun, the ranks it started")
+    p.add_argument("--pipeline-parallel", type=int, default=1, metavar="N",
+                   help="split the model's layers into N stages on N local ranks (as --tensor-parallel starts them)")
     p.add_argument("--json-schema", default=None, metavar="FILE",
                    help="the output is JSON satisfying the JSON schema in FILE (masked while it is generated)")
     p.add_argument("prompt", metavar="PROMPT", help='the prompt text ("-" reads it from stdin)')
@@ -226,9 +264,17 @@ def add_generate(sub) -> None:
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from .generate import ContextFullError
+    from .engine.local import EngineChat, LocalEngine
     model = _load(args)
-    session = model.chat_session(system=args.system)
+    local = LocalEngine(model)
+    try:
+        return _chat_loop(model, EngineChat(local, system=args.system), args)
+    finally:
+        local.close()
+
+
+def _chat_loop(model, session: "EngineChat", args: argparse.Namespace) -> int:
+    from .generate import ContextFullError
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"{model.config.architecture} model {model.path}\n/reset starts over, /exit (or Ctrl-D) quits.",

@@ -148,7 +148,27 @@ class StopStringFilter:
         return out
 
 
-class Generation:
+class TextStream:
+    """An iterator over text pieces that fills ``text`` as it goes: a subclass sets ``self._iter`` (a generator
+    of the pieces) and ``self.text``."""
+
+    text: str
+    _iter: Iterator[str]
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def run(self) -> str:
+        """Generate to the end; the full text."""
+        for _ in self:
+            pass
+        return self.text
+
+
+class Generation(TextStream):
     """An iterator over generated text pieces; ``text``, ``token_ids``, ``finish_reason`` ("stop",
     "length" or "context") and ``stats`` fill in as it runs. ``run()`` consumes it and returns the text.
 
@@ -180,18 +200,6 @@ class Generation:
         self.on_finish: Callable[["Generation"], None] | None = None  # called once when generation ends
         self.constraint = constraint  # may be set until the first piece is asked for
         self._iter = self._run()
-
-    def __iter__(self) -> Iterator[str]:
-        return self
-
-    def __next__(self) -> str:
-        return next(self._iter)
-
-    def run(self) -> str:
-        """Generate to the end; the full text."""
-        for _ in self:
-            pass
-        return self.text
 
     def _emit(self, piece: str) -> str:
         self.text += piece

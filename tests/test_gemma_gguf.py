@@ -10,7 +10,8 @@ dequantized weights, only the summation order differs: the differences measured 
 the 512-token sliding window of the local layers; it runs only with LIGHTSPEED_SLOW_TESTS=1.
 
 The model runs through the public API (``lightspeed.api.load``), the program that
-``lightspeed generate --model gemma-3-270m-q4_k_m.gguf`` uses.
+``lightspeed generate --model gemma-3-270m-q4_k_m.gguf --activations float --kv-cache f32`` uses (the
+default's int16 decode and float16 cache are held to the same tokens in test_activation_default.py).
 """
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def fixture() -> dict:
 
 @pytest.fixture(scope="module")
 def model():
-    return api.load(_model_path(), progress=False)
+    # float activations and a float32 cache: the logits bound above holds for float32 on both sides (the default
+    # takes int16 for decode and a float16 cache: test_activation_default.py holds it to transformers' tokens)
+    return api.load(_model_path(), progress=False, activations="float", kv_dtype="float32")
 
 
 def test_config_and_tokenizer_match(model, fixture):

@@ -51,7 +51,10 @@ def hf_logits(model, ids) -> np.ndarray:
 
 def check_against(lm, ref, backend: str = "c", split: int = 6, tokens=TOKENS) -> None:
     """All logits of ``tokens`` in one call, then a prefill of ``split`` tokens and one-token decode steps."""
-    step = lm.compile(CTX, max_chunk=16, last_only=False, backend=backend)
+    # float activations on the C backend and a float32 cache: the bounds are float32's (the default "auto" rounds
+    # to int16, the default cache keys and values to float16)
+    options = {"activations": "float"} if backend == "c" else {}
+    step = lm.compile(CTX, max_chunk=16, last_only=False, backend=backend, kv_dtype="float32", **options)
     want = hf_logits(ref, tokens)
     logits, _ = step.run(tokens, 0, step.new_caches())
     np.testing.assert_allclose(logits, want, **TOL)
@@ -83,7 +86,7 @@ def test_sliding_window_and_local_theta_matter(folder_model):
     """Transformers without the window (all layers global), or with the global theta on local
     layers, gives other logits than ours beyond the tolerance: the test above can see both."""
     lm, ref = folder_model
-    step = lm.compile(CTX, max_chunk=16, last_only=False, backend="reference")
+    step = lm.compile(CTX, max_chunk=16, last_only=False, backend="reference", kv_dtype="float32")
     ours, _ = step.run(TOKENS, 0, step.new_caches())
     for change in (dict(layer_types=["full_attention"] * 3), dict(rope_local_base_freq=10000.0)):
         other = make_hf_gemma(None, **change)

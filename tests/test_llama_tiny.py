@@ -55,7 +55,11 @@ def hf_logits(model, ids) -> np.ndarray:
 
 
 def compile_full(lm, backend: str = "c", max_chunk: int = 16, kv_update: str = "rows"):
-    return lm.compile(CTX, max_chunk=max_chunk, last_only=False, backend=backend, kv_update=kv_update)
+    # float activations on the C backend and a float32 cache: the bounds here are float32's (the default, "auto",
+    # rounds a quantized matmul's activations to int16 in calls of few rows, and keys and values to float16)
+    options = {"activations": "float"} if backend == "c" else {}
+    return lm.compile(CTX, max_chunk=max_chunk, last_only=False, backend=backend, kv_update=kv_update,
+                      kv_dtype="float32", **options)
 
 
 def check_against(lm, ref, backend: str = "c", split: int = 5, kv_update: str = "rows") -> None:
@@ -143,7 +147,7 @@ def test_reference_backend_agrees(tmp_path, kv_update):
 
 def test_last_only_program_returns_the_last_row(tmp_path):
     ref = make_hf_model(tmp_path, "llama", seed=4)
-    step = load_model(tmp_path).compile(CTX, max_chunk=8, last_only=True)
+    step = load_model(tmp_path).compile(CTX, max_chunk=8, last_only=True, kv_dtype="float32")
     logits, caches = step.run(TOKENS[:6], 0, step.new_caches())
     want = hf_logits(ref, TOKENS[:7])
     assert logits.shape == (1, BASE["vocab_size"])

@@ -23,7 +23,8 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("serve") / "tiny.gguf"
     write_tiny_llama(path, seed=3)
     lm = load_model(path)
-    single = lm.compile(CTX, max_chunk=CHUNK, backend="c")
+    # float activations, as the batched step's (the C backend's default; the models' takes int16 for decode)
+    single = lm.compile(CTX, max_chunk=CHUNK, backend="c", activations="float")
     batched = BatchedStep(lm, CTX, MAX_BATCH, backend="c")
     return lm, single, batched
 

@@ -105,7 +105,8 @@ def test_engine_outputs_equal_with_and_without_the_cache(tiny) -> None:
     prompts = [system + [int(t) for t in rng.integers(3, 128, n)] for n in (5, 9, 1, 30)] + [system[:20], system]
     plain = _engine(tiny, None)
     cached_engine = _engine(tiny, PrefixCache(max_bytes=1 << 24, block=BLOCK))
-    small_engine = _engine(tiny, PrefixCache(max_bytes=6 * 30 * 8 * 4 * 2 * 4, block=BLOCK))  # a few blocks
+    itemsize = np.dtype(tiny[1].cache_specs[0].dtype.np).itemsize  # float16 by default
+    small_engine = _engine(tiny, PrefixCache(max_bytes=6 * 30 * 8 * 4 * 2 * itemsize, block=BLOCK))  # a few blocks
     try:
         want = _run(plain, lm, prompts)
         got = _run(cached_engine, lm, prompts)

@@ -14,9 +14,14 @@ Modules:
   while they run, reuses cached prompt prefixes (``lightspeed.prefix_cache``), queues and cancels;
 - ``sequence``: one request's sampling, penalties, grammar mask, stop handling and incremental detokenizing;
 - ``batched``: the batched decode step graph (one native call advances every active sequence);
+- ``mixed``: the batched step that also carries a chunk of a prompt being prefilled (one pass over the weights);
+- ``chunking``: how many prompt tokens a turn prefills while others decode;
+- ``local``: an engine with one slot for ``lightspeed generate`` and ``chat`` (a chat's turns reuse the prefix
+  cache);
 - ``logprobs``: the log-probabilities a sequence records for its sampled tokens;
 - ``factory``: ``build_engine``, an engine for a loaded model.
 
-``lightspeed serve`` (``lightspeed.serve``) only speaks HTTP and hands its requests to this engine. Nothing is
+``lightspeed serve`` (``lightspeed.serve``) only speaks HTTP and hands its requests to this engine; ``generate``
+and ``chat`` hand theirs to ``local.LocalEngine``. Nothing is
 imported here, so that importing one module stays cheap.
 """

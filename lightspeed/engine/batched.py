@@ -41,7 +41,7 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
-from ..models.base import CausalLM, with_kv_dtype
+from ..models.base import DEFAULT_KV_DTYPE, CausalLM, default_kv_dtype, with_kv_dtype
 from ..models.llama import Llama
 from ..tensor import Tensor
 
@@ -76,7 +76,8 @@ class BatchedKV:
 
 
 # the Llama family's batched forward -------------------------------------------------------------------
-def _llama_attention(lm: Llama, g: Graph, h: Tensor, i: int, kv: BatchedKV) -> Tensor:
+def llama_batched_attention(lm: Llama, g: Graph, h: Tensor, i: int, kv: BatchedKV) -> Tensor:
+    """Layer ``i``'s attention on normed ``h [B, hidden]``, row ``b`` at ``kv.positions[b]`` in its own slot."""
     c = lm.config
     b = h.shape[0]
     p = f"blk.{i}."
@@ -100,15 +101,21 @@ def _llama_attention(lm: Llama, g: Graph, h: Tensor, i: int, kv: BatchedKV) -> T
     return lm._linear(g, out, p + "attn_output")
 
 
-def llama_batched_forward(lm: Llama, g: Graph, tokens: Tensor, kv: BatchedKV) -> Tensor:
-    """Hidden states ``[B, hidden]`` of one token per sequence (the same blocks as ``Llama.forward``)."""
+def llama_layers(lm: Llama, g: Graph, tokens: Tensor, kv, attention: Callable[..., Tensor]) -> Tensor:
+    """Hidden states after the final norm of the rows of ``tokens`` (the blocks of ``Llama.forward``), with
+    ``attention(lm, g, normed, layer, kv)`` as each layer's attention."""
     c = lm.config
     x = lm.weights.rows(g, "token_embd.weight", tokens)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        x = x + _llama_attention(lm, g, rms_norm(x, lm._w(g, p + "attn_norm.weight"), c.rms_norm_eps), i, kv)
+        x = x + attention(lm, g, rms_norm(x, lm._w(g, p + "attn_norm.weight"), c.rms_norm_eps), i, kv)
         x = x + lm.mlp(g, rms_norm(x, lm._w(g, p + "ffn_norm.weight"), c.rms_norm_eps), i)
     return rms_norm(x, lm._w(g, "output_norm.weight"), c.rms_norm_eps)
+
+
+def llama_batched_forward(lm: Llama, g: Graph, tokens: Tensor, kv: BatchedKV) -> Tensor:
+    """Hidden states ``[B, hidden]`` of one token per sequence."""
+    return llama_layers(lm, g, tokens, kv, llama_batched_attention)
 
 
 # model class -> its batched forward; a family without one is served one sequence at a time
@@ -120,7 +127,7 @@ def supports(lm: CausalLM) -> bool:
     return type(lm) in BATCHED_FORWARDS
 
 
-def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = "float32",
+def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = DEFAULT_KV_DTYPE,
                   ) -> tuple[Graph, list[Tensor], list[str]]:
     """The batched step graph: outputs ``[logits [B, vocab], *updated caches]``; the cache names.
     ``kv_dtype`` ("float32" or "float16") is the caches' element type."""
@@ -162,22 +169,17 @@ def check_step_inputs(tokens, positions, max_batch: int, ctx: int, vocab_size: i
     return ids, pos
 
 
-class BatchedStep:
-    """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each)."""
+class SlottedCaches:
+    """Batched caches ``[slots * ctx, ...]`` (``self.caches``) in slots of ``self.ctx`` rows, for the engine's
+    steppers: ``slot_caches`` views, ``slot_of``, ``move_slot`` and ``adopt``. A subclass sets ``caches``,
+    ``ctx`` and ``max_batch`` and calls ``_reset_views``."""
 
-    def __init__(self, lm: CausalLM, ctx: int, max_batch: int, backend: str = "c", kv_dtype: str = "float32",
-                 **options):
-        t0 = time.perf_counter()
-        g, outputs, names = build_batched(lm, ctx, max_batch, kv_dtype)
-        t1 = time.perf_counter()
-        self.program = g.compile(outputs, backend=backend, donate=names, **options)
-        self.build_seconds, self.compile_seconds = t1 - t0, time.perf_counter() - t1
-        self.ctx, self.max_batch, self.names = ctx, max_batch, names
-        self.vocab_size = lm.config.vocab_size
-        first = g.inputs[names[0]]
-        # zero pages: memory is only touched as slots fill
-        self.caches = {n: np.zeros(tuple(first.shape), dtype=first.dtype.np) for n in names}
-        self._views: list[dict[str, np.ndarray] | None] = [None] * max_batch
+    caches: dict[str, np.ndarray]
+    ctx: int
+    max_batch: int
+
+    def _reset_views(self) -> None:
+        self._views: list[dict[str, np.ndarray] | None] = [None] * self.max_batch
 
     def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
         """Views ``[ctx, ...]`` of slot ``slot`` in every cache (the layout the single-sequence
@@ -192,11 +194,41 @@ class BatchedStep:
             views = self._views[slot] = {n: a[lo:lo + self.ctx] for n, a in self.caches.items()}
         return views
 
+    def slot_of(self, caches: dict[str, np.ndarray]) -> int:
+        """The slot whose ``slot_caches`` dict ``caches`` is (ValueError for any other dict)."""
+        for slot, views in enumerate(self._views):
+            if views is caches:
+                return slot
+        raise ValueError(f"these caches are not a slot of this {type(self).__name__}")
+
     def move_slot(self, src: int, dst: int, rows: int) -> None:
         """Copy the first ``rows`` rows of slot ``src`` into slot ``dst`` (packing after a sequence leaves)."""
         s, d = src * self.ctx, dst * self.ctx
         for a in self.caches.values():
             a[d:d + rows] = a[s:s + rows]
+
+    def adopt(self, name: str, updated: np.ndarray) -> None:
+        """Take ``updated`` as cache ``name`` (a program returned a new array instead of writing in place)."""
+        self.caches[name] = updated
+        self._reset_views()
+
+
+class BatchedStep(SlottedCaches):
+    """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each)."""
+
+    def __init__(self, lm: CausalLM, ctx: int, max_batch: int, backend: str = "c", kv_dtype: str | None = None,
+                 **options):
+        t0 = time.perf_counter()
+        g, outputs, names = build_batched(lm, ctx, max_batch, kv_dtype or default_kv_dtype(backend))
+        t1 = time.perf_counter()
+        self.program = g.compile(outputs, backend=backend, donate=names, **options)
+        self.build_seconds, self.compile_seconds = t1 - t0, time.perf_counter() - t1
+        self.ctx, self.max_batch, self.names = ctx, max_batch, names
+        self.vocab_size = lm.config.vocab_size
+        first = g.inputs[names[0]]
+        # zero pages: memory is only touched as slots fill
+        self.caches = {n: np.zeros(tuple(first.shape), dtype=first.dtype.np) for n in names}
+        self._reset_views()
 
     def run(self, tokens, positions) -> np.ndarray:
         """One token per sequence: row ``b`` (token ``tokens[b]`` at ``positions[b]``) uses slot ``b``.
@@ -206,6 +238,5 @@ class BatchedStep:
         outs = self.program(dims={"keys": keys}, tokens=ids, positions=pos, **self.caches)
         for name, updated in zip(self.names, outs[1:]):
             if updated is not self.caches[name]:  # a backend that did not write in place
-                self.caches[name] = updated
-                self._views = [None] * self.max_batch
+                self.adopt(name, updated)
         return outs[0]

@@ -21,21 +21,64 @@ a 16-token chunk can take several times a small batch's decode step.
   burst of new requests), ``queued_share`` (2.0) replaces ``share``: they join the batch about four times
   sooner, and the running streams' gaps stay under about 3x.
 
+With a mixed step (lightspeed.engine.mixed), a chunk rides on the decode step instead of running between two:
+then only its own rows cost time. ``size(..., mixed=True)`` is steered by what the mixed steps cost beyond a
+plain decode step (``mixed(tokens, seconds)``): after each one the size moves halfway to
+``size * share * step / extra``, whose fixed point is the size whose extra time is ``share`` of a step (if
+``extra = fixed + per_token * size``, the fixed point is ``(share * step - fixed) / per_token``), never below
+``MIN_MIXED_CHUNK`` (the floor of a call of its own: a prompt then arrives at least as fast as between steps,
+while each turn makes one pass over the weights less) unless the step has less room (``limit``). No fit is
+needed, so sizes that never vary cannot stall it.
+
 A prompt admitted while nothing decodes is prefilled in chunks of ``max_chunk`` (the program's bound),
 back to back: nobody waits for them. A prompt is therefore cut differently under load than alone; the
 cache rows of a prompt may then differ in the last bits (kernels may sum a row's products in another
-order for another number of rows), which changes a greedy token only where two logits tie that closely.
+order for another number of rows), which changes a greedy token only where two logits tie that closely. Under
+the C backend's "auto" activations the difference is the activations' rounding instead: int16 for calls of up
+to 8 rows, float for longer ones, or on CPUs with AMX bfloat16 tiles for their first rows & ~15 (about 2e-3 of
+a logit on SmolLM2), so near ties flip more often; ``activations="float"`` keeps a prompt's rows the same
+however it is cut.
 """
 from __future__ import annotations
 
 DEFAULT_PREFILL_CHUNK = None  # auto: the chunk size follows the measured times (the servers' default)
-MIN_AUTO_CHUNK = 4   # tokens of the first chunk, and the fewest of any
+MIN_AUTO_CHUNK = 4   # tokens of the first chunk, and the fewest of any call of its own
+# the fewest of a chunk riding on a decode step: as many as the fewest of a call of its own, so a prompt arrives
+# at least as fast as between steps while each turn makes one pass over the weights less
+MIN_MIXED_CHUNK = MIN_AUTO_CHUNK
 STEP_SMOOTHING = 0.25  # weight of the newest decode step in its moving average
 CALL_SMOOTHING = 0.1   # weight of the newest prefill call in the fit (longer memory: it needs two sizes)
 
 
+class CallFit:
+    """``seconds = fixed + per_token * tokens`` fitted to moving averages of the calls seen."""
+
+    def __init__(self, smoothing: float = CALL_SMOOTHING):
+        self.smoothing = smoothing
+        self._calls: tuple[float, float, float, float] | None = None  # averages of n, t, n*n, n*t
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            sample = (float(tokens), seconds, float(tokens * tokens), tokens * seconds)
+            old = self._calls
+            self._calls = sample if old is None else tuple(_average(o, s, self.smoothing)
+                                                           for o, s in zip(old, sample))
+
+    def cost(self) -> tuple[float, float] | None:
+        """(seconds per call, seconds per token), or None before any call."""
+        if self._calls is None:
+            return None
+        n, t, nn, nt = self._calls
+        spread = nn - n * n
+        per_token = (nt - n * t) / spread if spread > 1e-6 * nn else 0.0
+        if per_token <= 0:  # one size seen (or noise): charge everything per token, the cautious reading
+            return 0.0, max(t, 0.0) / n
+        return max(0.0, t - per_token * n), per_token
+
+
 class ChunkPolicy:
-    """Chunk sizes for prefill: ``size(alone)`` before a chunk, ``decoded``/``prefilled`` after each call."""
+    """Chunk sizes for prefill: ``size(alone)`` before a chunk; ``decoded``, ``prefilled`` or ``mixed`` after
+    each call."""
 
     def __init__(self, max_chunk: int, chunk: int | None = None, share: float = 0.5, queued_share: float = 2.0):
         if type(max_chunk) is not int or max_chunk < 1:
@@ -48,33 +91,31 @@ class ChunkPolicy:
         self.chunk = None if chunk is None else min(chunk, max_chunk)
         self.share, self.queued_share = float(share), float(queued_share)
         self.step_seconds: float | None = None  # moving average of a decode step
-        self._calls: tuple[float, float, float, float] | None = None  # averages of n, t, n*n, n*t
+        self.calls = CallFit()  # prefill calls of their own
+        self.mixed_size = float(MIN_AUTO_CHUNK)  # tokens of a chunk riding on a decode step (at ``share``)
 
-    def size(self, alone: bool, queued: bool = False) -> int:
+    def size(self, alone: bool, queued: bool = False, mixed: bool = False, limit: int | None = None) -> int:
         """Tokens of the next chunk: ``alone`` when no other sequence decodes, ``queued`` when more requests
-        wait for a slot behind this prompt."""
+        wait for a slot behind this prompt, ``mixed`` when the chunk rides on a decode step; at most ``limit``
+        (the mixed step's bound) when given."""
+        top = self.max_chunk if limit is None else min(self.max_chunk, limit)
         if alone:
-            return self.max_chunk
+            return top
         if self.chunk is not None:
-            return self.chunk
-        least = min(MIN_AUTO_CHUNK, self.max_chunk)
+            return min(self.chunk, top)
+        share = self.queued_share if queued else self.share
+        if mixed:
+            return min(top, max(MIN_MIXED_CHUNK, round(self.mixed_size * share / self.share)))
+        least = min(MIN_AUTO_CHUNK, top)
         cost = self.call_cost()
         if self.step_seconds is None or cost is None:
             return least
         fixed, per_token = cost
-        share = self.queued_share if queued else self.share
-        return max(least, min(self.max_chunk, round((share * self.step_seconds - fixed) / per_token)))
+        return max(least, min(top, round((share * self.step_seconds - fixed) / per_token)))
 
     def call_cost(self) -> tuple[float, float] | None:
         """(seconds per call, seconds per token) fitted to the recent prefill calls, or None before any."""
-        if self._calls is None:
-            return None
-        n, t, nn, nt = self._calls
-        spread = nn - n * n
-        per_token = (nt - n * t) / spread if spread > 1e-6 * nn else 0.0
-        if per_token <= 0:  # one size seen (or noise): charge everything per token, the cautious reading
-            return 0.0, t / n
-        return max(0.0, t - per_token * n), per_token
+        return self.calls.cost()
 
     def decoded(self, seconds: float) -> None:
         """A decode step took ``seconds``."""
@@ -82,11 +123,17 @@ class ChunkPolicy:
 
     def prefilled(self, tokens: int, seconds: float) -> None:
         """A prefill call of ``tokens`` took ``seconds``."""
-        if tokens > 0:
-            sample = (float(tokens), seconds, float(tokens * tokens), tokens * seconds)
-            old = self._calls
-            self._calls = sample if old is None else tuple(_average(o, s, CALL_SMOOTHING)
-                                                           for o, s in zip(old, sample))
+        self.calls.add(tokens, seconds)
+
+    def mixed(self, tokens: int, seconds: float) -> None:
+        """A decode step that carried ``tokens`` prompt tokens took ``seconds``."""
+        if self.step_seconds is None or tokens < 1:
+            return
+        extra = max(seconds - self.step_seconds, 1e-6)
+        # ``tokens`` ran at the queued share or the plain one; steer the plain-share size either way
+        wanted = tokens * self.share * self.step_seconds / extra
+        self.mixed_size = max(float(MIN_MIXED_CHUNK), min(float(self.max_chunk),
+                                                          self.mixed_size + 0.5 * (wanted - self.mixed_size)))
 
     def describe(self) -> str | int:
         return "auto" if self.chunk is None else self.chunk

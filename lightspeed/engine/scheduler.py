@@ -12,7 +12,9 @@ Each turn of its loop:
    join the batch together. When nothing decodes, a prompt runs in the program's ``max_chunk`` chunks,
    back to back;
 4. runs one batched decode step over every decoding sequence (``stepper.run``): a new sequence
-   joins the batch once its prompt is prefilled, a finished one leaves.
+   joins the batch once its prompt is prefilled, a finished one leaves. With a stepper that has a mixed step
+   (``run_mixed``, lightspeed.engine.mixed), step 3 runs nothing while others decode: it picks the next chunk
+   of the prompt being prefilled, and this decode step carries it (one pass over the weights for both).
 
 Slots stay packed: decoding sequences hold slots ``0 .. D-1`` (row ``b`` of a step is slot
 ``b``) and the one being prefilled holds slot ``D``. When a sequence leaves, the sequence in the
@@ -135,6 +137,11 @@ class Engine:
         self.step_seconds = 0.0     # in batched decode steps
         self.prefill_seconds = 0.0  # in prefill chunks
         self.masks: MaskWorker | None = None  # started with the first sequence under a grammar
+        # a stepper with a mixed step (lightspeed.engine.mixed) carries prompt chunks on its decode steps (at
+        # most ``chunk_limit(decoding rows)`` tokens); this turn's (sequence, tokens) to carry
+        self._mixed = hasattr(stepper, "run_mixed")
+        self._ride: tuple[Sequence, int] | None = None
+        self.mixed_steps = 0  # decode steps that carried a prompt chunk
         self.mask_wait_seconds = 0.0  # waiting for grammar masks after a step had finished
 
     # any thread --------------------------------------------------------------------------------------
@@ -183,7 +190,8 @@ class Engine:
             return {"active": len(self.slots), "waiting": len(self.waiting), "max_batch": self.max_batch,
                     "steps": self.steps, "decoded_tokens": self.decoded_tokens,
                     "prefilled_tokens": self.prefilled_tokens, "prefill_chunks": self.prefill_chunks,
-                    "prefill_chunk": self.chunks.describe(), "decode_seconds": round(self.step_seconds, 3),
+                    "prefill_chunk": self.chunks.describe(), "mixed_steps": self.mixed_steps,
+                    "decode_seconds": round(self.step_seconds, 3),
                     "prefill_seconds": round(self.prefill_seconds, 3),
                     "grammar_masks": masks.masks if masks else 0,
                     "grammar_mask_seconds": round(masks.seconds, 4) if masks else 0.0,
@@ -288,6 +296,11 @@ class Engine:
                     if filling.cancelled or self.jobs or self._halt:  # seen by the next turn
                         return
                 continue
+            limit = self.stepper.chunk_limit(len(self.slots) - 1) if self._mixed else 0
+            if limit > 0:  # the chunk rides on this turn's decode step
+                self._ride = (filling, self.chunks.size(alone=False, queued=bool(self.waiting), mixed=True,
+                                                        limit=limit))
+                return
             if budget is None:
                 budget = self.chunks.size(alone=False, queued=bool(self.waiting))
             if budget <= 0:
@@ -303,11 +316,14 @@ class Engine:
             self.slots[-1].finish_reason is None else None
 
     def _admit(self) -> Sequence | None:
-        """Move the oldest waiting sequence into the next free slot (its cached prefix copied in), if any."""
+        """Move the oldest waiting sequence into the next free slot (its cached prefix copied in), if any; one
+        cancelled while it waited (since this turn began) is dropped, not prefilled."""
         if len(self.slots) >= self.max_batch:
             return None
         with self._cond:
             seq = self.waiting.popleft() if self.waiting else None
+            while seq is not None and seq.cancelled:
+                seq = self.waiting.popleft() if self.waiting else None
         if seq is None:
             return None
         seq.slot, seq.pos = len(self.slots), 0
@@ -347,27 +363,56 @@ class Engine:
         return False
 
     def _decode(self) -> None:
+        ride, self._ride = self._ride, None
         batch = [s for s in self.slots if s.next_token is not None]
         if not batch:
             return
         # packed slots: the decoding sequences are slots 0 .. len(batch)-1 (the prefilling one comes after)
         assert all(s.slot == b for b, s in enumerate(batch)), "slots are not packed"
-        job = self._start_masks(batch)
+        chunk: list[int] = []
+        filling = ride[0] if ride is not None else None
+        if ride is not None and not filling.cancelled and filling.finish_reason is None:
+            size = ride[1]
+            assert filling.slot == len(batch), "the sequence being prefilled is not right after the decoding ones"
+            chunk = list(filling.prefill_left[:size])
+            problem = self.stepper.chunk_error(chunk, filling.pos)
+            if problem is not None:  # this prompt's problem (a token the model lacks): only it fails
+                filling.fail(f"prefill failed: {problem}")
+                self._release([filling])
+                chunk = []
+        last = bool(chunk) and len(chunk) == len(filling.prefill_left)
+        job = self._start_masks(batch + [filling] if last else batch)
+        tokens, positions = [s.next_token for s in batch], [s.pos for s in batch]
         t0 = time.perf_counter()
         try:
-            logits = self.stepper.run([s.next_token for s in batch], [s.pos for s in batch])
+            if chunk:
+                logits = self.stepper.run_mixed(tokens, positions, chunk, filling.pos)
+            else:
+                logits = self.stepper.run(tokens, positions)
         finally:
             seconds = time.perf_counter() - t0
             self.step_seconds += seconds
             self._wait_masks(job)
-        self.chunks.decoded(seconds)
         self.steps += 1
         self.decoded_tokens += len(batch)
         done = []
+        if chunk:
+            self.chunks.mixed(len(chunk), seconds)
+            self.mixed_steps += 1
+            self.prefill_chunks += 1
+            self.prefilled_tokens += len(chunk)
+            filling.pos += len(chunk)
+        else:
+            self.chunks.decoded(seconds)
         for b, seq in enumerate(batch):
             seq.pos += 1
             if not seq.accept(logits[b], self.ctx):
                 done.append(seq)
+        if last:
+            if self.prefix_cache is not None:
+                self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot))
+            if not filling.accept(logits[len(batch)], self.ctx):
+                done.append(filling)
         if done:
             self._release(done)
 

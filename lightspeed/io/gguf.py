@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as dt
+from ..memory import release_file_pages
 from ..quant import QType, block_format, dequantize, type_size
 from ..quant.formats import FORMATS
 from .errors import ModelFormatError
@@ -409,6 +410,9 @@ def _parse(c: _Cursor, buf: mmap.mmap) -> GGUFFile:
     for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
         if s1 < e0:
             raise c.fail(f"tensors {a!r} and {b!r} overlap in the file (corrupt offsets)")
+    # the header is parsed into Python values: its pages (the vocabulary's strings, ~2 MB for SmolLM2) need not
+    # stay resident in this process for as long as the weights are mapped
+    release_file_pages([np.frombuffer(buf, dtype=np.uint8, count=min(data_offset, c.size))])
     return file
 
 

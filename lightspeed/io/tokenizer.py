@@ -17,6 +17,7 @@ from a GGUF vocabulary by ``gguf_vocab.backend_from_gguf``.
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 if TYPE_CHECKING:  # the tokenizers library is imported when a tokenizer is built (~4 MB resident)
@@ -85,7 +86,10 @@ class Tokenizer:
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
         self.chat_template = chat_template
         self._extra_stop = {int(i) for i in extra_stop_ids}
-        self._plain_backend: Backend | None = None  # a copy that reads special-token strings as text (lazy)
+        # encode_plain reads special-token strings as text by flipping the backend's encode_special_tokens for
+        # one call (a second backend would hold another copy of the vocabulary: +15 MB for SmolLM2, +99 MB for
+        # Gemma 3), so every encode of this tokenizer holds the lock (serve encodes from a thread pool)
+        self._encode_lock = threading.Lock()
         self._specials: tuple[dict[int, str], Any] | None = None  # special_tokens and their regex (lazy)
 
     # construction ------------------------------------------------------------------------------------
@@ -173,7 +177,8 @@ class Tokenizer:
         ``add_special_tokens`` adds what the model puts around every input (e.g. BOS)."""
         if not isinstance(text, str):
             raise TypeError(f"encode: text must be a str, got {type(text).__name__}")
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        with self._encode_lock:
+            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     @property
     def special_tokens(self) -> dict[int, str]:
@@ -182,12 +187,14 @@ class Tokenizer:
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of ``text`` read as plain text: a special-token string becomes ordinary pieces."""
-        if self._plain_backend is None:
-            from tokenizers import Tokenizer as Backend
-            plain = Backend.from_str(self.backend.to_str())
-            plain.encode_special_tokens = True
-            self._plain_backend = plain
-        return self._plain_backend.encode(text, add_special_tokens=False).ids
+        backend = self.backend
+        with self._encode_lock:
+            before = backend.encode_special_tokens
+            backend.encode_special_tokens = True
+            try:
+                return backend.encode(text, add_special_tokens=False).ids
+            finally:
+                backend.encode_special_tokens = before
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of ``ids`` (bytes of an unfinished character become U+FFFD)."""
@@ -220,7 +227,8 @@ class Tokenizer:
         text = self.apply_chat_template(masked, add_generation_prompt=add_generation_prompt,
                                         chat_template=chat_template, **extra)
         text, spans = chat_encode.restore(text, table, nonce)
-        enc = self.backend.encode(text, add_special_tokens=False)
+        with self._encode_lock:
+            enc = self.backend.encode(text, add_special_tokens=False)
         return chat_encode.splice_plain(enc.ids, enc.offsets, text, spans, set(specials), self.encode_plain)
 
     def __repr__(self) -> str:

@@ -56,6 +56,18 @@ KV_UPDATES = ("rows", "scatter")
 # the element types a KV cache may be stored in: float16 halves the bytes attention reads per token and
 # the caches' memory; the values are rounded once, when their rows are appended
 KV_DTYPES = {"float32": dt.float32, "float16": dt.float16}
+# the default by evidence (issue 15's rule: the fastest mode whose greedy tokens equal transformers' on the
+# parity prompts and whose held-out perplexity stays within 0.5% of float32's; tests/test_activation_default.py):
+# on AVX-512, int16 for calls of up to 8 rows (decode: 1.7-2.1x float's speed on SmolLM2 Q4_1), float for
+# prefill (int16 there was 0.86x); float elsewhere (backend/c/activations.py); benchmarks/README.md has figures
+DEFAULT_ACTIVATIONS = "auto"
+# the KV cache's default element type on the CPU, by the same rule (tests/test_activation_default.py):
+# float16 keeps the greedy tokens equal to transformers' and the held-out perplexity within 0.01% of float32's,
+# is not slower (SmolLM2 Q4_1 decode 1.01x at position 64 and 1.05-1.07x at 512, 8-row batched decode 1.05x /
+# 1.18x, prefill 1.00x) and halves the cache's memory; benchmarks/README.md has the figures. kv_dtype="float32"
+# (--kv-cache f32) keeps float32. The GPU backends read float16 caches too (tested on OpenCL) but default to
+# float32: their speed with them was not measured (see default_kv_dtype)
+DEFAULT_KV_DTYPE = "float16"
 DEFAULT_MAX_CHUNK = 128  # prompt tokens per prefill call: bounds the activation memory, not the prompt
 
 
@@ -86,6 +98,12 @@ def kv_dtype_of(kv_dtype: "str | dt.DType") -> dt.DType:
     if kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {tuple(KV_DTYPES)}, got {kv_dtype!r}")
     return KV_DTYPES[kv_dtype]
+
+
+def default_kv_dtype(backend: str = "c") -> str:
+    """The cache element type a step compiled for ``backend`` gets when none is asked for: ``DEFAULT_KV_DTYPE``
+    on the C backend and the reference interpreter (which checks what C computes), float32 on the GPU ones."""
+    return DEFAULT_KV_DTYPE if backend in ("c", "reference") else "float32"
 
 
 def with_kv_dtype(specs: list[CacheSpec], kv_dtype: "str | dt.DType") -> list[CacheSpec]:
@@ -160,12 +178,13 @@ class CausalLM(ABC):
         return min(self.config.context_length, 2048)
 
     def build(self, ctx: int, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
-              kv_update: str = "rows", kv_dtype: "str | dt.DType" = "float32",
+              kv_update: str = "rows", kv_dtype: "str | dt.DType | None" = None,
               ) -> tuple[Graph, list[Tensor], list[CacheSpec]]:
         """The step graph: inputs ``tokens [seq]`` (int32) and the caches; dims ``seq`` and ``pos``;
         outputs ``[logits, *cache updates]``. ``last_only`` keeps only the last position's logits
         (``[1, vocab]``), which is all generation needs, instead of ``[seq, vocab]``. ``kv_dtype``
-        ("float32" or "float16") is the caches' element type."""
+        ("float32" or "float16", default ``DEFAULT_KV_DTYPE``) is the caches' element type."""
+        kv_dtype = DEFAULT_KV_DTYPE if kv_dtype is None else kv_dtype
         if ctx < 1 or max_chunk < 1:
             raise ValueError(f"build: ctx ({ctx}) and max_chunk ({max_chunk}) must be positive")
         max_chunk = min(max_chunk, ctx)
@@ -188,9 +207,15 @@ class CausalLM(ABC):
         return g, [logits] + [kv.outputs[s.name] for s in specs], specs
 
     def compile(self, ctx: int | None = None, *, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
-                kv_update: str = "rows", kv_dtype: "str | dt.DType" = "float32", backend: str = "c",
+                kv_update: str = "rows", kv_dtype: "str | dt.DType | None" = None, backend: str = "c",
                 **options) -> "CompiledLM":
-        """Build and compile the step program (see ``build``) for ``backend``."""
+        """Build and compile the step program (see ``build``) for ``backend``. The C backend's quantized
+        matmuls take activations ``DEFAULT_ACTIVATIONS`` unless ``activations`` (or ``int8_activations``)
+        is given; the caches are ``default_kv_dtype(backend)`` unless ``kv_dtype`` is given."""
+        if kv_dtype is None:
+            kv_dtype = default_kv_dtype(backend)
+        if backend == "c" and "activations" not in options and not options.get("int8_activations"):
+            options["activations"] = DEFAULT_ACTIVATIONS
         ctx = self.default_context() if ctx is None else int(ctx)
         t0 = time.perf_counter()
         g, outputs, specs = self.build(ctx, max_chunk, last_only, kv_update, kv_dtype)
@@ -200,15 +225,19 @@ class CausalLM(ABC):
         program = g.compile(outputs, backend=backend, donate=donate, **options)
         t2 = time.perf_counter()
         return CompiledLM(program, specs, ctx, min(max_chunk, ctx), last_only, self.config.vocab_size, kv_update,
-                          build_seconds=t1 - t0, compile_seconds=t2 - t1)
+                          build_seconds=t1 - t0, compile_seconds=t2 - t1, activations=options.get("activations"))
 
 
 class CompiledLM:
     """A compiled step program: ``run(tokens, pos, caches) -> (logits, updated caches)``."""
 
     def __init__(self, program, specs: list[CacheSpec], ctx: int, max_chunk: int, last_only: bool, vocab_size: int,
-                 kv_update: str = "rows", build_seconds: float = 0.0, compile_seconds: float = 0.0):
+                 kv_update: str = "rows", build_seconds: float = 0.0, compile_seconds: float = 0.0,
+                 activations: str | None = None):
         self.program = program
+        # the quantized matmuls' activation mode it was compiled with (None: the backend's own); a program
+        # that shares its caches (serve's batched steps) is compiled with the same, so it computes the same rows
+        self.activations = activations
         self.cache_specs = specs
         self.ctx, self.max_chunk, self.last_only, self.vocab_size = ctx, max_chunk, last_only, vocab_size
         self.kv_update = kv_update

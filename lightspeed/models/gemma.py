@@ -35,7 +35,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import dtypes as dt
 from ..frontend import gelu, linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, tanh
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer

@@ -19,7 +19,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, silu
 from ..graph import Graph

@@ -20,8 +20,10 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import ServeOptions, serve
     check_backend(args.backend)  # before loading: a GPU backend that cannot run here fails at once
     if args.context is not None:  # before loading: a huge bound would fail late, as a MemoryError
-        check_context("--context", args.context, args.model, args.kv_cache)
-    if args.tensor_parallel > 1:
+        check_context("--context", args.context, args.model, args.kv_cache, args.backend)
+    from ..parallel.options import parallel_ranks
+    world, _ = parallel_ranks(args.tensor_parallel, args.pipeline_parallel)
+    if world > 1:
         code = _tensor_parallel_rank(args)
         if code is not None:  # this process launched the ranks, or is one that follows rank 0
             return code
@@ -34,29 +36,37 @@ def _serve(args: argparse.Namespace) -> int:
                         keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
                         max_header_bytes=args.max_header_bytes, template_seconds=args.template_seconds,
                         max_schema_bytes=args.max_schema_bytes, prefix_cache_mb=args.prefix_cache_mb,
-                        prefill_chunk=args.prefill_chunk, tensor_parallel=args.tensor_parallel)
+                        prefill_chunk=args.prefill_chunk, tensor_parallel=args.tensor_parallel,
+                        pipeline_parallel=args.pipeline_parallel, micro_batches=args.micro_batches)
     return serve(opts)  # errors (a missing model, a port in use) are reported by lightspeed.cli.run_handler
 
 
 def _tensor_parallel_rank(args: argparse.Namespace) -> int | None:
-    """``--tensor-parallel N``: start N local ranks of this command (without torchrun) and return their exit code,
-    or, in a rank other than 0, follow rank 0's engine; None in rank 0, which serves."""
+    """``--tensor-parallel N`` or ``--pipeline-parallel N``: start N local ranks of this command (without torchrun)
+    and return their exit code, or, in a rank other than 0, follow rank 0's engine; None in rank 0, which serves."""
     from ..cli_generate import activation_options, kv_cache_options
     from ..parallel import distributed_env
+    from ..parallel.options import check_stages, parallel_ranks
+    world, option = parallel_ranks(args.tensor_parallel, args.pipeline_parallel)
     if args.backend != "c":
-        raise ValueError(f"serve --tensor-parallel runs the C backend's ranks; --backend {args.backend} is not "
+        raise ValueError(f"serve {option} runs the C backend's ranks; --backend {args.backend} is not "
                          "supported with it")
     env = distributed_env()
     if env is None:
         from ..parallel.launch import launch_local
-        return launch_local(args.tensor_parallel, sys.argv[1:])
+        if option == "--pipeline-parallel":
+            check_stages(args.model, world)
+        return launch_local(world, sys.argv[1:])
     if env[0] == 0:
         return None
+    options = {"ctx": args.context, "quant": args.quant, "backend": args.backend, "max_batch": args.max_batch,
+               "threads": args.threads, "activations": activation_options(args.activations),
+               **kv_cache_options(args.kv_cache)}
+    if option == "--pipeline-parallel":  # every stage splits the decode steps alike
+        from ..parallel.pipeline_serving import serve_stage_follower
+        return serve_stage_follower(world, args.model, micro_batches=args.micro_batches, **options)
     from ..parallel.serving import serve_follower
-    return serve_follower(args.tensor_parallel, args.model, ctx=args.context, quant=args.quant, backend=args.backend,
-                          max_batch=args.max_batch, threads=args.threads,
-                          activations=activation_options(args.activations),
-                          **kv_cache_options(args.kv_cache))
+    return serve_follower(world, args.model, **options)
 
 
 def _positive(text: str) -> int:
@@ -120,6 +130,14 @@ def add_serve(sub) -> None:
                    help="split the model across N local ranks (processes; each takes cores/N threads unless --threads "
                         "is given): rank 0 serves, the others mirror its steps; no prefix cache; under torchrun, the "
                         "ranks it started")
+    p.add_argument("--pipeline-parallel", type=_positive, default=1, metavar="N",
+                   help="split the model's layers into N stages on N local ranks: rank 0 (the embedding and the "
+                        "first layers) serves, the others mirror its steps; decode steps flow through the stages in "
+                        "micro-batches; no prefix cache; under torchrun, the ranks it started")
+    p.add_argument("--micro-batches", type=_positive, default=None, metavar="M",
+                   help="with --pipeline-parallel: split each decode step's rows into M micro-batches that flow "
+                        "through the stages (default: the stage count; 1 runs the stages one after the other, "
+                        "which is faster when the stages share cores)")
     p.add_argument("--threads", type=_positive, default=None,
                    help="threads running each native call (default: one per core; on a busy machine 1 can be faster)")
     limits = p.add_argument_group("connection limits (slow or idle clients are disconnected)")

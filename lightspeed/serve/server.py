@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..engine.factory import build_engine
 from ..engine.scheduler import DEFAULT_PREFILL_CHUNK
+from ..parallel.pipeline_serving import pipeline_engine
 from ..io.template_limits import TemplateLimits
 from ..structured import GrammarLimits
 
@@ -44,7 +45,7 @@ class ServeOptions:
     backend: str = "c"
     threads: int | None = None           # threads of the C backend's pool (None: one per core)
     activations: str = "float"           # quantized matmuls' activations: float, int16 or int8 (faster, not bit-exact)
-    kv_cache: str = "f32"                # the KV caches' element type: f32 or f16 (half the memory)
+    kv_cache: str | None = None          # the KV caches' element type: f16, f32 (None: the backend's default)
     # connection limits: a client that sends nothing, trickles its headers or body, or idles between
     # requests is disconnected; beyond max_connections open connections new requests get 503
     header_timeout: float = 10.0         # seconds from connecting (or the first byte after a response) to a full head
@@ -57,6 +58,8 @@ class ServeOptions:
     prefix_cache_mb: int = 256           # KV rows of shared prompt prefixes kept for reuse (0: no prefix cache)
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK  # prompt tokens per step while others decode (None: auto)
     tensor_parallel: int = 1             # ranks of a tensor-parallel group this process is rank 0 of
+    pipeline_parallel: int = 1           # stages of a pipeline-parallel group this process is rank 0 of
+    micro_batches: int | None = None     # a pipeline's micro-batches per decode step (None: one per stage)
 
 
 def model_name(path: str) -> str:
@@ -86,11 +89,17 @@ def build_state(opts: ServeOptions):
     t0 = time.perf_counter()
     options = activation_options(opts.activations)
     model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options,
-                 **kv_cache_options(opts.kv_cache), tensor_parallel=opts.tensor_parallel)
+                 **kv_cache_options(opts.kv_cache), tensor_parallel=opts.tensor_parallel,
+                 pipeline_parallel=opts.pipeline_parallel)
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
-    engine = build_engine(model, opts.max_batch, backend=opts.backend, options=options,
-                          prefix_cache_mb=opts.prefix_cache_mb, prefill_chunk=opts.prefill_chunk,
-                          max_queue=opts.max_queue, log=_log)
+    if opts.pipeline_parallel > 1:  # stage 0 of a pipeline: its calls mirrored on the other stages
+        engine = pipeline_engine(model, opts.max_batch, backend=opts.backend, options=options,
+                                 prefill_chunk=opts.prefill_chunk, max_queue=opts.max_queue,
+                                 micro_batches=opts.micro_batches, log=_log)
+    else:
+        engine = build_engine(model, opts.max_batch, backend=opts.backend, options=options,
+                              prefix_cache_mb=opts.prefix_cache_mb, prefill_chunk=opts.prefill_chunk,
+                              max_queue=opts.max_queue, log=_log)
     embedder, embed_id = None, None
     if opts.embed_model:
         from ..embed import default_embedder_path, load_embedder
