@@ -1,6 +1,7 @@
-"""The default program of the language models, its activation mode ("auto": int16 for calls of up to 8 rows,
-float for longer ones on AVX-512) and its float16 KV cache, and the evidence issue 15's rule asks of it: greedy
-tokens equal transformers' on the parity prompts, held-out perplexity within 0.5% of float32's (test_perplexity).
+"""The default program of the language models, its activation mode ("auto": on AVX-512 VNNI without AMX int16 at
+every row count; on other AVX-512 CPUs int16 for calls of up to 8 rows and float for longer ones) and its float16 KV
+cache, and the evidence issue 15's rule asks of it: greedy tokens equal transformers' on the parity prompts,
+held-out perplexity within 0.5% of float32's (test_perplexity).
 Float activations with a float32 cache stay exact (test_llama_smollm2 runs them against transformers)."""
 from __future__ import annotations
 
@@ -10,24 +11,27 @@ import os
 import numpy as np
 import pytest
 
-from cpu_flags import has_flags
-from lightspeed.backend.c.activations import AUTO_QUANT_ROWS, resolve_activations
+from cpu_flags import cpu_flags, has_flags
+from lightspeed.backend.c.activations import AUTO_QUANT_ROWS, auto_activations, resolve_activations
 from lightspeed.quant import QType
 from quant_blocks import random_raw
 from test_quantized_matmul import build
 
-# where "auto" quantizes short calls and runs float kernels for long ones (elsewhere it is float)
 AVX512 = has_flags("avx512f", "avx512bw")
 AMX = has_flags("amx_tile", "amx_bf16", "avx512_bf16") and AVX512
+# this CPU's "auto": float (no AVX-512), int16 at every row count (VNNI without AMX), or int16 for calls of up to
+# AUTO_LIMIT rows and float kernels for longer ones
+AUTO_MODE, AUTO_LIMIT = auto_activations(cpu_flags())
 
 
 @pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.Q4_1], ids=lambda q: q.name)
 @pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
 def test_auto_takes_int16_bits_for_few_rows_and_float_bits_for_prefill(qtype: QType, portable: bool) -> None:
-    """On an AVX-512 CPU a call of at most AUTO_QUANT_ROWS rows gives exactly int16's bits; a longer one float's
-    (the float kernel with float's arguments), or int16's in a build without AVX-512 (portable forces that
-    here). Without AVX-512 "auto" is float."""
-    if not AVX512:
+    """On an AVX-512 CPU with a row limit a call of at most AUTO_QUANT_ROWS rows gives exactly int16's bits; a
+    longer one float's (the float kernel with float's arguments), or int16's in a build without AVX-512
+    (portable forces that here). On AVX-512 VNNI without AMX every call gives int16's bits. Without AVX-512
+    "auto" is float."""
+    if AUTO_MODE == "float":
         assert resolve_activations("auto") == ("float", None)
         return
     rng = np.random.default_rng(50 + int(qtype))
@@ -35,13 +39,13 @@ def test_auto_takes_int16_bits_for_few_rows_and_float_bits_for_prefill(qtype: QT
     g, y = build(qtype, k, n, random_raw(qtype, n, k, rng), with_bias=False)
     progs = {mode: g.compile([y], backend="c", activations=mode, portable=portable)
              for mode in ("auto", "int16", "float")}
-    assert "#define LS_QUANT_ROWS_MAX 8" in progs["auto"].executor.source
+    assert ("#define LS_QUANT_ROWS_MAX 8" in progs["auto"].executor.source) == (AUTO_LIMIT is not None)
     assert "#define LS_QUANT_ROWS_MAX" not in progs["int16"].executor.source
     for m in (1, 5, AUTO_QUANT_ROWS, AUTO_QUANT_ROWS + 1, 13, 33, 64):
         xv = rng.standard_normal((m, k)).astype(np.float32)
         got = {mode: p(x=xv)[0] for mode, p in progs.items()}
         assert not np.array_equal(got["int16"], got["float"]), m  # the two modes differ at all
-        want = "float" if m > AUTO_QUANT_ROWS and AVX512 and not portable else "int16"
+        want = "float" if AUTO_LIMIT is not None and m > AUTO_LIMIT and not portable else "int16"
         # on AMX the first rows & ~15 of a long call take bfloat16 tiles (tests/test_qamx.py): the rest is float's
         tiles = m & ~15 if want == "float" and AMX else 0
         np.testing.assert_array_equal(got["auto"][tiles:], got[want][tiles:], err_msg=f"{m} rows")
@@ -52,8 +56,12 @@ def test_auto_takes_int16_bits_for_few_rows_and_float_bits_for_prefill(qtype: QT
 
 
 def test_auto_is_checked_like_the_other_modes() -> None:
-    assert resolve_activations("auto", avx512=True) == ("int16", AUTO_QUANT_ROWS)
-    assert resolve_activations("auto", avx512=False) == ("float", None)
+    vnni = {"avx2", "avx512f", "avx512bw", "avx512_vnni"}  # as AMD Zen 4 reports it
+    assert resolve_activations("auto", flags=vnni) == ("int16", None)
+    assert resolve_activations("auto", flags=vnni | {"amx_tile", "amx_bf16"}) == ("int16", AUTO_QUANT_ROWS)
+    assert resolve_activations("auto", flags={"avx2", "avx512f", "avx512bw"}) == ("int16", AUTO_QUANT_ROWS)
+    assert resolve_activations("auto", flags={"avx2", "fma"}) == ("float", None)
+    assert resolve_activations("auto") == auto_activations(cpu_flags())
     assert resolve_activations("float") == ("float", None)
     with pytest.raises(ValueError, match="auto, float, int16, int8"):
         resolve_activations("int4")
@@ -93,7 +101,9 @@ def _default_model(name: str):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_default_program_is_auto(name) -> None:
-    assert ("#define LS_QUANT_ROWS_MAX" in _default_model(name).step.program.executor.source) == AVX512
+    source = _default_model(name).step.program.executor.source
+    assert ("#define LS_QUANT_ROWS_MAX" in source) == (AUTO_LIMIT is not None)
+    assert ("ls_quantize_rows16((" in source) == (AUTO_MODE == "int16")  # the call, not the header's definition
 
 
 @pytest.mark.parametrize("name", list(MODELS))

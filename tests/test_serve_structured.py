@@ -20,6 +20,8 @@ pytest.importorskip("uvicorn")
 
 from serve_process import ServerProcess  # noqa: E402
 
+from lightspeed.backend.c.activations import resolve_activations  # noqa: E402
+
 CTX = 512
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 SCHEMA_LIMIT = 16 * 1024
@@ -68,7 +70,12 @@ def test_20_seeded_sampled_requests_satisfy_the_schema(server, client) -> None:
         jsonschema.validate(json.loads(choice.message.content), PERSON)
         texts.append(choice.message.content)
     assert len(set(texts)) > 5  # sampled, not one forced answer
-    assert [r.choices[0].message.content for r in again] == texts[:3]  # a seed gives the same output
+    if resolve_activations("auto")[1] is None:
+        # a seed gives the same output, batched otherwise: where "auto" rounds a row alike at every row count.
+        # With a row limit (AVX-512 with AMX or without VNNI) a prompt prefilled in a call of its own (float or
+        # bfloat16 tiles) and one riding a step of at most 8 rows (int16) round differently, so a sampled token
+        # may flip with the batch it shared
+        assert [r.choices[0].message.content for r in again] == texts[:3]
     after = httpx.get(server.url + "/health").json()
     # the masks went through the engine's mask worker: one per sampled token (the end token included)
     assert after["grammar_masks"] - before["grammar_masks"] >= sum(r.usage.completion_tokens for r in replies)

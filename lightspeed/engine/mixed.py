@@ -24,8 +24,9 @@ A decode row's matrix products now run with ``B + C`` rows instead of ``B``, whi
 path (a few-row matvec against a blocked gemm) and sum its products in another order: its logits can differ
 in the last bits from a plain batched step's, which changes a greedy token only where two logits tie that
 closely (as chunking a prompt differently already may; lightspeed.engine.chunking). Under the C backend's
-"auto" activations (int16 for calls of up to 8 rows, float for longer ones) the difference would be the
-activations' rounding, not the last bits, so ``chunk_limit`` keeps ``B + C`` within those 8 rows.
+"auto" activations, where they are int16 for calls of up to 8 rows and float for longer ones (AVX-512 with AMX
+or without VNNI), the difference would be the activations' rounding, not the last bits, so ``chunk_limit``
+keeps ``B + C`` within those 8 rows there.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from ..graph import Graph
 from ..models.base import DEFAULT_KV_DTYPE, CausalLM, with_kv_dtype
 from ..models.llama import Llama
 from ..tensor import Tensor
-from ..backend.c.activations import AUTO, AUTO_QUANT_ROWS
+from ..backend.c.activations import AUTO, resolve_activations
 from .batched import KEY_BLOCK, BatchedStep, check_step_inputs, llama_layers
 
 
@@ -168,10 +169,11 @@ class MixedStep:
         self.compile_seconds = time.perf_counter() - t0
         self.batched, self.max_chunk = batched, min(max_chunk, batched.ctx)
         self.ctx, self.max_batch = batched.ctx, batched.max_batch
-        # under the C backend's "auto" activations a call of more rows than this takes float activations and a
-        # call of fewer int16 ones: a decode row keeps the rounding of a plain batched step only while the
-        # step with its chunk stays within it
-        self.row_limit = AUTO_QUANT_ROWS if backend == "c" and options.get("activations") == AUTO else None
+        # under the C backend's "auto" activations on some CPUs a call of more rows than this takes float
+        # activations and a call of fewer int16 ones: a decode row keeps the rounding of a plain batched step
+        # only while the step with its chunk stays within it (None: one rounding at every row count)
+        auto = backend == "c" and options.get("activations") == AUTO
+        self.row_limit = resolve_activations(AUTO)[1] if auto else None
 
     def chunk_limit(self, batch: int) -> int:
         """The most prompt tokens a step of ``batch`` decode rows should carry (0: none; then the chunk runs

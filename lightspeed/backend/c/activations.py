@@ -1,37 +1,51 @@
 """The C backend's activation modes: the three of ``kernel.quantized`` (how each quantized matmul takes its
-activations) and ``"auto"``, which picks per call by its number of rows.
+activations) and ``"auto"``, which picks by the CPU and, on some CPUs, per call by its number of rows.
 
-On a CPU with AVX-512, "auto" forms the kernels as "int16" and defines ``LS_QUANT_ROWS_MAX`` in the source: a
-call of at most that many activation rows (decode, batched decode) quantizes them to int16; a longer one
-(prefill) runs the float kernel, which is faster for many rows (qdecode.h, ``ls_quantize_rows16``). A row's
-result then depends on whether its call had more than ``AUTO_QUANT_ROWS`` rows (float) or not (int16), unlike
-the fixed modes. A build that turns AVX-512 off by its flags (or ``portable``) is int16 at every row count.
-
-Elsewhere "auto" is "float": AVX2's float prefill (qgemm.h) is called per chunk of weight rows, which the int16
-kernel's per-row calls cannot fall back to, and int16 prefill there was 0.55-0.76x of float (an AVX2 build on
-this project's Xeon) for 1.1-1.35x in decode: by the rule (benchmarks/README.md) prefill must not lose.
+- AVX-512 with VNNI and no AMX (AMD Zen 4): "int16" at every row count. The 16-row kernels of qdot16x16.h beat
+  the float prefill kernels there (SmolLM2 Q4_1, 512-token prompt: 627 against 444 tok/s, 2 threads), and a
+  row's result then does not depend on how many rows its call had, so a request's tokens do not change with the
+  batch it shares.
+- AVX-512 otherwise (with AMX, or without VNNI): "int16" with ``LS_QUANT_ROWS_MAX`` defined in the source: a
+  call of at most ``AUTO_QUANT_ROWS`` activation rows (decode, batched decode) quantizes them to int16; a longer
+  one (prefill) runs the float kernel (on AMX its first rows & ~15 on bfloat16 tiles, qamx.h), faster there for
+  many rows. A row's result then depends on whether its call had more than ``AUTO_QUANT_ROWS`` rows. A build
+  that turns AVX-512 off by its flags (or ``portable``) is int16 at every row count.
+- Elsewhere "float": AVX2's float prefill (qgemm.h) is called per chunk of weight rows, which the int16
+  kernel's per-row calls cannot fall back to, and int16 prefill there was 0.55-0.76x of float (an AVX2 build on
+  this project's Xeon) for 1.1-1.35x in decode: by the rule (benchmarks/README.md) prefill must not lose.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from ...kernel.quantized import ACTIVATION_MODES, activation_mode
-from .target import host_target
+from .target import host_flags
 
 AUTO = "auto"
 AUTO_QUANT_ROWS = 8  # the most rows a call quantizes under "auto": the row group of one pass (LS_QMM_ROWS)
 MODES = (AUTO,) + ACTIVATION_MODES
 
 
-def resolve_activations(activations: str, int8_activations: bool = False, avx512: bool | None = None
+def auto_activations(flags: Iterable[str]) -> tuple[str, int | None]:
+    """What "auto" is on a CPU with these /proc/cpuinfo ``flags``: (mode, the most rows a call quantizes or
+    None for no limit)."""
+    flags = set(flags)
+    if "avx512f" not in flags:
+        return "float", None
+    if "avx512_vnni" in flags and "amx_tile" not in flags:
+        return "int16", None
+    return "int16", AUTO_QUANT_ROWS
+
+
+def resolve_activations(activations: str, int8_activations: bool = False, flags: Iterable[str] | None = None
                         ) -> tuple[str, int | None]:
     """(the kernels' activation mode, the most rows a call quantizes or None for no limit) of a C-backend
-    ``activations`` option; ValueError naming the choices for an unknown one. ``avx512``: whether the CPU has
-    AVX-512 (None: this machine's)."""
+    ``activations`` option; ValueError naming the choices for an unknown one. ``flags``: the CPU's feature
+    flags (None: this machine's)."""
     if activations == AUTO:
         if int8_activations:
             raise ValueError("int8_activations=True contradicts activations='auto'")
-        if avx512 is None:
-            avx512 = host_target().vector_bytes >= 64
-        return ("int16", AUTO_QUANT_ROWS) if avx512 else ("float", None)
+        return auto_activations(host_flags() if flags is None else flags)
     if activations not in ACTIVATION_MODES:
         raise ValueError(f"activations={activations!r}: expected one of {', '.join(MODES)}")
     return activation_mode(activations, int8_activations), None

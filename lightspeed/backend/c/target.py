@@ -7,12 +7,14 @@ from pathlib import Path
 from ...kernel.heuristics import Target
 
 
-def _flags() -> set[str]:
+@lru_cache(maxsize=None)
+def host_flags() -> frozenset[str]:
+    """The feature flags of this machine's CPU as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return set(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return set()
+        return frozenset()
 
 
 def _cache_bytes(level: int, kind: str) -> int | None:
@@ -31,7 +33,7 @@ def _cache_bytes(level: int, kind: str) -> int | None:
 @lru_cache(maxsize=None)
 def host_target() -> Target:
     """The machine this process runs on (the C backend compiles with -march=native for it)."""
-    flags = _flags()
+    flags = host_flags()
     if "avx512f" in flags:
         vb, regs = 64, 32
     elif "avx2" in flags or "avx" in flags:
