@@ -38,18 +38,25 @@ def _prefilled(lm, single_run, slot_caches, lengths, seed=0):
             single_run(ids[start:start + CHUNK], start, slot_caches(slot))
 
 
-def test_one_rank_of_segments_equals_the_batched_program(tiny) -> None:
+@pytest.mark.parametrize("kv_dtype", ["float32", None])
+def test_one_rank_of_segments_equals_the_batched_program(tiny, kv_dtype) -> None:
+    """With a float32 cache within float32's rounding; with the default float16 one a key the shards sum in
+    another order may round to the neighbouring float16 (measured on an AVX2 CPU: 2.1e-4 on logits of ~1)."""
     lm = load_model(tiny)
-    tp = TensorParallelStep(lm, SingleProcess(), ctx=CTX, max_chunk=CHUNK)
+    tp = TensorParallelStep(lm, SingleProcess(), ctx=CTX, max_chunk=CHUNK, kv_dtype=kv_dtype)
     segments = TensorParallelBatchedStep(tp, BATCH)
     # float activations in all three: the C backend's default (the models' takes int16 for decode)
-    whole, single = BatchedStep(lm, CTX, BATCH), lm.compile(CTX, max_chunk=CHUNK, activations="float")
+    whole = BatchedStep(lm, CTX, BATCH, kv_dtype=kv_dtype)
+    single = lm.compile(CTX, max_chunk=CHUNK, activations="float", kv_dtype=kv_dtype)
+    assert tp.kv_dtype == single.kv_dtype == (kv_dtype or "float16")
     lengths = [5, 40, 33]  # key counts on both sides of a key block
     _prefilled(lm, tp.run, segments.slot_caches, lengths)
     _prefilled(lm, single.run, whole.slot_caches, lengths)
     tokens = [7, 9, 11]
     a, b = segments.run(tokens, lengths), whole.run(tokens, lengths)
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if kv_dtype == "float32" else 2e-2
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert (a.argmax(-1) == b.argmax(-1)).all()
     saved = {k: v.copy() for k, v in segments.caches.items()}
     for k, v in saved.items():  # the same step again, on fewer rows: each row's bits do not change
         segments.caches[k][...] = v
