@@ -27,10 +27,10 @@ AUTO_MODE, AUTO_LIMIT = auto_activations(cpu_flags())
 @pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_0, QType.Q4_1], ids=lambda q: q.name)
 @pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
 def test_auto_takes_int16_bits_for_few_rows_and_float_bits_for_prefill(qtype: QType, portable: bool) -> None:
-    """On an AVX-512 CPU with a row limit a call of at most AUTO_QUANT_ROWS rows gives exactly int16's bits; a
-    longer one float's (the float kernel with float's arguments), or int16's in a build without AVX-512
-    (portable forces that here). On AVX-512 VNNI without AMX every call gives int16's bits. Without AVX-512
-    "auto" is float."""
+    """Where "auto" has a row limit (AVX-512 with AMX or without VNNI; AVX2, whose float kernel is qgemm.h's) a
+    call of at most AUTO_QUANT_ROWS rows gives exactly int16's bits; a longer one float's (the float kernel with
+    float's arguments), or int16's in a portable build. On AVX-512 VNNI without AMX every call gives int16's
+    bits. On a CPU with neither AVX2 nor AVX-512 "auto" is float."""
     if AUTO_MODE == "float":
         assert resolve_activations("auto") == ("float", None)
         return
@@ -60,7 +60,8 @@ def test_auto_is_checked_like_the_other_modes() -> None:
     assert resolve_activations("auto", flags=vnni) == ("int16", None)
     assert resolve_activations("auto", flags=vnni | {"amx_tile", "amx_bf16"}) == ("int16", AUTO_QUANT_ROWS)
     assert resolve_activations("auto", flags={"avx2", "avx512f", "avx512bw"}) == ("int16", AUTO_QUANT_ROWS)
-    assert resolve_activations("auto", flags={"avx2", "fma"}) == ("float", None)
+    assert resolve_activations("auto", flags={"avx2", "fma"}) == ("int16", AUTO_QUANT_ROWS)
+    assert resolve_activations("auto", flags={"sse4_2", "avx"}) == ("float", None)
     assert resolve_activations("auto") == auto_activations(cpu_flags())
     assert resolve_activations("float") == ("float", None)
     with pytest.raises(ValueError, match="auto, float, int16, int8"):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cpu_flags import has_flags
+from lightspeed.backend.c.activations import resolve_activations
 from lightspeed.backend.c.compiler import default_flags
 from lightspeed.quant import QType
 from quant_blocks import random_raw
@@ -56,24 +57,24 @@ def test_gathered_scales_give_a_row_the_same_bits_in_any_batch(qtype: QType) -> 
 
 @pytest.mark.skipif(not has_flags("avx2", "fma"), reason="an AVX2 build needs an AVX2 CPU")
 @pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_1], ids=lambda q: q.name)
-def test_an_avx2_build_keeps_int16_and_auto_takes_it_at_every_size(qtype: QType) -> None:
+def test_an_avx2_build_keeps_int16_and_auto_takes_its_kernels(qtype: QType) -> None:
     """-mno-avx512f builds the AVX2 kernels on any AVX2 CPU: int16 stays within its rounding there, and "auto"
-    (on an AVX-512 CPU: int16 kernels, whose float fallback for long calls is AVX-512 code) gives int16's bits
-    at every row count; on a CPU without AVX-512 "auto" is float."""
+    gives int16's bits for calls of at most its row limit and, past it, the float kernel's (qgemm.h), or int16's
+    at every row count where this CPU's "auto" has no limit (AVX-512 VNNI without AMX)."""
     rng = np.random.default_rng(80 + int(qtype))
     k, n = 18 * 32, 21
     g, y = build(qtype, k, n, random_raw(qtype, n, k, rng), with_bias=False)
     avx2 = default_flags() + ["-mno-avx512f"]
     ref = g.compile([y], backend="reference")
-    int16 = g.compile([y], backend="c", activations="int16", flags=avx2, plan_cache=False)
-    auto = g.compile([y], backend="c", activations="auto", flags=avx2, plan_cache=False)
+    progs = {mode: g.compile([y], backend="c", activations=mode, flags=avx2, plan_cache=False)
+             for mode in ("int16", "float", "auto")}
+    mode, limit = resolve_activations("auto")
+    assert ("#define LS_QUANT_ROWS_MAX" in progs["auto"].executor.source) == (limit is not None)
     for m in (1, 8, 9, 20):
         xv = rng.standard_normal((m, k)).astype(np.float32)
         (want,) = ref(x=xv)
-        (got,) = int16(x=xv)
-        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        got = {name: p(x=xv)[0] for name, p in progs.items()}
+        err = float(np.linalg.norm(got["int16"] - want) / np.linalg.norm(want))
         assert 1e-7 < err < 6e-5, (m, err)
-        if has_flags("avx512f", "avx512bw"):
-            np.testing.assert_array_equal(auto(x=xv)[0], got)
-        else:
-            np.testing.assert_allclose(auto(x=xv)[0], want, rtol=2e-5, atol=2e-5 * float(np.abs(want).max()))
+        expected = mode if limit is None or m <= limit else "float"
+        np.testing.assert_array_equal(got["auto"], got[expected], err_msg=f"{m} rows")

@@ -72,7 +72,7 @@ def test_20_seeded_sampled_requests_satisfy_the_schema(server, client) -> None:
     assert len(set(texts)) > 5  # sampled, not one forced answer
     if resolve_activations("auto")[1] is None:
         # a seed gives the same output, batched otherwise: where "auto" rounds a row alike at every row count.
-        # With a row limit (AVX-512 with AMX or without VNNI) a prompt prefilled in a call of its own (float or
+        # With a row limit (AVX2; AVX-512 with AMX or without VNNI) a prompt prefilled in a call of its own (float or
         # bfloat16 tiles) and one riding a step of at most 8 rows (int16) round differently, so a sampled token
         # may flip with the batch it shared
         assert [r.choices[0].message.content for r in again] == texts[:3]

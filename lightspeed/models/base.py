@@ -60,7 +60,8 @@ KV_DTYPES = {"float32": dt.float32, "float16": dt.float16}
 # parity prompts and whose held-out perplexity stays within 0.5% of float32's; tests/test_activation_default.py):
 # on AVX-512 with AMX (Xeon), int16 for calls of up to 8 rows (decode: 1.7-2.1x float's speed on SmolLM2 Q4_1),
 # float for prefill (int16 there was 0.86x); on AVX-512 VNNI without AMX (Zen 4) int16 at every row count
-# (prefill 1.41x float's); float elsewhere (backend/c/activations.py); benchmarks/README.md has figures
+# (prefill 1.41x float's); on AVX2, int16 for up to 8 rows and qgemm.h's float kernel beyond (decode 1.5x on Zen
+# 1); float elsewhere (backend/c/activations.py); benchmarks/README.md has figures
 DEFAULT_ACTIVATIONS = "auto"
 # the KV cache's default element type on the CPU, by the same rule (tests/test_activation_default.py):
 # float16 keeps the greedy tokens equal to transformers' and the held-out perplexity within 0.01% of float32's,

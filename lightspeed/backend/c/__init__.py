@@ -102,8 +102,8 @@ class CBackend:
     per block of 32 to int16, ~2e-5 relative error in each product; "int8" to int8, as GGUF's Q8_0 dot products do,
     ~0.5% relative error in each product; "auto" (the language models' default, see models/base.py) by the CPU:
     int16 on AVX-512 VNNI without AMX, int16 for calls of up to 8 rows and float for longer ones on other AVX-512
-    CPUs, float elsewhere (activations.py); ``int8_activations=True`` is the older spelling of "int8"), ``search``
-    (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
+    CPUs and AVX2, float elsewhere (activations.py); ``int8_activations=True`` is the older spelling of "int8"),
+    ``search`` (0: heuristics; 1: quick, 2: thorough search of rewrites and kernel schedules, measured on this machine
     and cached; see lightspeed/search/driver.py), ``search_budget_s`` (its time budget), ``search_dims``
     (dimension values to tune at), ``huge_pages`` (copy constants of at least 64 KiB, i.e. weights, once
     into memory advised for 2 MiB pages, releasing the pages of a read-only file mapping they came from;

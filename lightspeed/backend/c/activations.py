@@ -9,10 +9,12 @@ activations) and ``"auto"``, which picks by the CPU and, on some CPUs, per call 
   call of at most ``AUTO_QUANT_ROWS`` activation rows (decode, batched decode) quantizes them to int16; a longer
   one (prefill) runs the float kernel (on AMX its first rows & ~15 on bfloat16 tiles, qamx.h), faster there for
   many rows. A row's result then depends on whether its call had more than ``AUTO_QUANT_ROWS`` rows. A build
-  that turns AVX-512 off by its flags (or ``portable``) is int16 at every row count.
-- Elsewhere "float": AVX2's float prefill (qgemm.h) is called per chunk of weight rows, which the int16
-  kernel's per-row calls cannot fall back to, and int16 prefill there was 0.55-0.76x of float (an AVX2 build on
-  this project's Xeon) for 1.1-1.35x in decode: by the rule (benchmarks/README.md) prefill must not lose.
+  that turns AVX-512 off by its flags takes the AVX2 form below; ``portable`` is int16 at every row count.
+- AVX2 with FMA, no AVX-512: "int16" with ``LS_QUANT_ROWS_MAX`` too, a longer call running qgemm.h's float
+  kernel, called per chunk of weight rows as under "float" (``LS_AUTO_QGEMM``): the per-row int16 kernels
+  decode 1.5x faster than float there (AMD Zen 1, SmolLM2 Q4_1, 2 threads) while int16 prefill was 0.55-0.8x of
+  float, and by the rule (benchmarks/README.md) prefill must not lose.
+- Elsewhere "float".
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def auto_activations(flags: Iterable[str]) -> tuple[str, int | None]:
     None for no limit)."""
     flags = set(flags)
     if "avx512f" not in flags:
-        return "float", None
+        return ("int16", AUTO_QUANT_ROWS) if {"avx2", "fma"} <= flags else ("float", None)
     if "avx512_vnni" in flags and "amx_tile" not in flags:
         return "int16", None
     return "int16", AUTO_QUANT_ROWS

@@ -415,6 +415,13 @@ LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #else
 #define LS_FLOAT_ROWS_CALL(FNAME)
 #endif
+/* Activations "auto" on AVX2 without AVX-512: a call of more rows than LS_QUANT_ROWS_MAX runs qgemm.h's float
+ * kernel instead (the renderer emits that branch), so the launcher leaves its rows unquantized. The per-row
+ * int16 kernels are faster in decode there (AMD Zen 1, SmolLM2 Q4_1: 1.5x float) and slower in prefill. */
+#if defined(LS_QUANT_ROWS_MAX) && defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) \
+    && !defined(LS_PORTABLE)
+#define LS_AUTO_QGEMM 1
+#endif
 /* The scale is amax / 32639 (32639 = 127 * 257) in every build, so that a value q splits exactly into two signed
  * bytes, q = 256 * a + b with a, b in [-127, 127] x [-128, 127]; the step is 1.004x that of amax / 32767.
  * With SPLIT (the kernels of qdot16x16.h, 16 weight rows at once, which multiply the bytes by unsigned weight
@@ -459,6 +466,9 @@ static inline void ls_quantize_rows16(const float *restrict x, int64_t M, int64_
         (void)s;
         return;
     }
+#endif
+#if defined(LS_AUTO_QGEMM)
+    if (M > LS_QUANT_ROWS_MAX) return;
 #endif
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < nb; b++) {

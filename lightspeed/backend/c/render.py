@@ -557,6 +557,11 @@ class KernelRenderer:
                                                f"{self.buf(raw_buf)};", x_buf, quantize,
                                                group=16 if k.scratch and q.activations == "int16" else 1)
         if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
+            if q.qtype in GEMM_QTYPES:  # ... except "auto" on AVX2: a call of many rows takes qgemm.h's
+                lines += ["#if defined(LS_AUTO_QGEMM)",
+                          f"        if (M > LS_QUANT_ROWS_MAX) {{ ls_qgemm_{tname}(wraw + n0 * {row_bytes}LL, "
+                          f"{row_bytes}, xs, M, {K}, n1 - n0, out + n0, N); continue; }}",
+                          "#endif"]
             lines += quant_lines
         else:
             generic = row_groups + self.qmm_generic_lines(decode, E, BB, nblk, row_bytes, K) + ["        }"]
