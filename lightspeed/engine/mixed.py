@@ -20,13 +20,13 @@ prefilled in slot ``B`` (the engine keeps slots packed, so the filling one is al
 - the outputs are the logits of the ``B`` decode rows and of the chunk's LAST row (``[B + 1, vocab]``:
   only a prompt's last token needs logits, so the LM head skips the other chunk rows), and the caches.
 
-A decode row's matrix products now run with ``B + C`` rows instead of ``B``, which may take another kernel
-path (a few-row matvec against a blocked gemm) and sum its products in another order: its logits can differ
-in the last bits from a plain batched step's, which changes a greedy token only where two logits tie that
-closely (as chunking a prompt differently already may; lightspeed.engine.chunking). Under the C backend's
-"auto" activations, where they are int16 for calls of up to 8 rows and float for longer ones (AVX2; AVX-512 with
-AMX or without VNNI), the difference would be the activations' rounding, not the last bits, so ``chunk_limit``
-keeps ``B + C`` within those 8 rows there.
+A decode row's matrix products now run with ``B + C`` rows instead of ``B``, which may take another kernel path (a
+few-row matvec against a blocked gemm) and sum its products in another order: its logits can differ in the last bits
+from a plain batched step's, which changes a greedy token only where two logits tie that closely (as chunking a
+prompt differently already may; lightspeed.engine.chunking). Under the C backend's "auto" activations, where they
+are int16 for calls of up to 8 rows (3 on AVX2) and float for longer ones (AVX2; AVX-512 with AMX or without VNNI),
+the difference would be the activations' rounding, not the last bits, so ``chunk_limit`` keeps ``B + C`` within that
+limit there.
 """
 from __future__ import annotations
 

@@ -417,7 +417,7 @@ LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #endif
 /* Activations "auto" on AVX2 without AVX-512: a call of more rows than LS_QUANT_ROWS_MAX runs qgemm.h's float
  * kernel instead (the renderer emits that branch), so the launcher leaves its rows unquantized. The per-row
- * int16 kernels are faster in decode there (AMD Zen 1, SmolLM2 Q4_1: 1.5x float) and slower in prefill. */
+ * int16 kernels are faster for a few rows there (decode) and slower for more (activations.py). */
 #if defined(LS_QUANT_ROWS_MAX) && defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) \
     && !defined(LS_PORTABLE)
 #define LS_AUTO_QGEMM 1
