@@ -219,10 +219,9 @@ def test_a_bad_token_in_a_riding_chunk_fails_only_its_prompt(tiny) -> None:
 
 
 def test_auto_activations_keep_a_step_within_the_int16_rows(tiny):
-    """Where "auto" is int16 for calls of up to 8 rows (3 on AVX2) and float beyond (AVX2; AVX-512 with AMX or
-    without VNNI), a decode row keeps its rounding only while the step and its chunk stay within that limit; where it
-    has one rounding at every row count (float, or int16 on AVX-512 VNNI), and in the fixed modes, there is no
-    bound."""
+    """Where "auto" is int16 for calls of up to 8 rows and float beyond (AVX2; AVX-512 with AMX or without VNNI), a
+    decode row keeps its rounding only while the step and its chunk stay within that limit; where it has one
+    rounding at every row count (float, or int16 on AVX-512 VNNI), and in the fixed modes, there is no bound."""
     lm, _, mixed = tiny
     auto = MixedStep(mixed.batched, lm, MAX_CHUNK, backend="c", activations="auto")
     limit = resolve_activations("auto")[1]

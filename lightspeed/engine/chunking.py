@@ -35,9 +35,9 @@ back to back: nobody waits for them.
 A prompt is therefore cut differently under load than alone; the cache rows of a prompt may then differ in the last
 bits (kernels may sum a row's products in another order for another number of rows), which changes a greedy token
 only where two logits tie that closely. Under the C backend's "auto" activations on AVX2 CPUs and on AVX-512 ones
-with AMX or without VNNI the difference is the activations' rounding instead: int16 for calls of up to 8 rows (3 on
-AVX2), float for longer ones, or with AMX bfloat16 tiles for their first rows & ~15 (about 2e-3 of a logit on
-SmolLM2), so near ties flip more often; ``activations="float"`` keeps a prompt's rows the same however it is cut.
+with AMX or without VNNI the difference is the activations' rounding instead: int16 for calls of up to 8 rows, float
+for longer ones, or with AMX bfloat16 tiles for their first rows & ~15 (about 2e-3 of a logit on SmolLM2), so near
+ties flip more often; ``activations="float"`` keeps a prompt's rows the same however it is cut.
 """
 from __future__ import annotations
 

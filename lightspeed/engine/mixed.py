@@ -24,7 +24,7 @@ A decode row's matrix products now run with ``B + C`` rows instead of ``B``, whi
 few-row matvec against a blocked gemm) and sum its products in another order: its logits can differ in the last bits
 from a plain batched step's, which changes a greedy token only where two logits tie that closely (as chunking a
 prompt differently already may; lightspeed.engine.chunking). Under the C backend's "auto" activations, where they
-are int16 for calls of up to 8 rows (3 on AVX2) and float for longer ones (AVX2; AVX-512 with AMX or without VNNI),
+are int16 for calls of up to 8 rows and float for longer ones (AVX2; AVX-512 with AMX or without VNNI),
 the difference would be the activations' rounding, not the last bits, so ``chunk_limit`` keeps ``B + C`` within that
 limit there.
 """

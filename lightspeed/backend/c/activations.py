@@ -10,10 +10,11 @@ activations) and ``"auto"``, which picks by the CPU and, on some CPUs, per call 
   one (prefill) runs the float kernel (on AMX its first rows & ~15 on bfloat16 tiles, qamx.h), faster there for
   many rows. A row's result then depends on whether its call had more than ``AUTO_QUANT_ROWS`` rows. A build
   that turns AVX-512 off by its flags takes the AVX2 form below; ``portable`` is int16 at every row count.
-- AVX2 with FMA, no AVX-512: "int16" for calls of at most ``AVX2_QUANT_ROWS`` rows, a longer call running
+- AVX2 with FMA, no AVX-512: "int16" for calls of at most ``AUTO_QUANT_ROWS`` rows too, a longer call running
   qgemm.h's float kernel, called per chunk of weight rows as under "float" (``LS_AUTO_QGEMM``): the per-row
   int16 kernels decode faster than float there (AMD Zen 1, SmolLM2 Q4_1, 2 threads: 1.2-1.5x) but lose from
-  4 rows on, and int16 prefill was 0.55-0.8x of float; by the rule (benchmarks/README.md) prefill must not lose.
+  4 rows on (batched decode), and int16 prefill was 0.55-0.8x of float; by the rule (benchmarks/README.md)
+  prefill must not lose.
 - Elsewhere "float".
 """
 from __future__ import annotations
@@ -24,10 +25,11 @@ from ...kernel.quantized import ACTIVATION_MODES, activation_mode
 from .target import host_flags
 
 AUTO = "auto"
-AUTO_QUANT_ROWS = 8  # the most rows a call quantizes under "auto": the row group of one pass (LS_QMM_ROWS)
-# ... on AVX2, where the per-row int16 kernels beat qgemm.h's float kernel for 1-3 rows only (AMD Zen 1, one
-# thread, SmolLM2's 576 x 1536: Q4_1 0.74x of float's time at 1 row, 0.94x at 3, 1.08x at 4, 1.22x at 8)
-AVX2_QUANT_ROWS = 3
+# the most rows a call quantizes under "auto": the row group of one pass (LS_QMM_ROWS). On AVX2 too, though there
+# the per-row int16 kernels beat qgemm.h's float kernel for 1-3 rows only (AMD Zen 1, one thread, SmolLM2's
+# 576 x 1536: Q4_1 0.74x of float's time at 1 row, 0.94x at 3, 1.08x at 4, 1.22x at 8): with 8, a batched decode
+# step of up to 8 rows rounds each row as a single-sequence step does, so served greedy tokens equal generate's
+AUTO_QUANT_ROWS = 8
 MODES = (AUTO,) + ACTIVATION_MODES
 
 
@@ -36,7 +38,7 @@ def auto_activations(flags: Iterable[str]) -> tuple[str, int | None]:
     None for no limit)."""
     flags = set(flags)
     if "avx512f" not in flags:
-        return ("int16", AVX2_QUANT_ROWS) if {"avx2", "fma"} <= flags else ("float", None)
+        return ("int16", AUTO_QUANT_ROWS) if {"avx2", "fma"} <= flags else ("float", None)
     if "avx512_vnni" in flags and "amx_tile" not in flags:
         return "int16", None
     return "int16", AUTO_QUANT_ROWS
