@@ -43,3 +43,17 @@ def merge_parallel_row(report: dict[str, Any], row: dict[str, Any], key: str, co
         "prefill_ratio": row["prefill_tokens_per_s"] / one["prefill_tokens_per_s"],
     }
     return report
+
+
+def table_lines(rows: list[dict[str, Any]], count: str, wait: str, wait_title: str) -> list[str]:
+    """The table of a parallel entry's ``rows``: ``count`` (ranks or stages), threads, decode and prefill tokens/s
+    (median and best) and the per-process ``wait`` times per decoded token under ``wait_title``."""
+    width = len(count) + 1
+    lines = ["", f"{count:<{width}} {'threads':>10} {'decode tok/s':>20} {'prefill tok/s':>20} {wait_title:>34}"]
+    for r in rows:
+        dec = f"{r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s_best']:.1f})"
+        pre = f"{r['prefill_tokens_per_s']:.1f} ({r['prefill_tokens_per_s_best']:.1f})"
+        threads = f"{r['threads_per_rank']}" + (" each" if r[count] > 1 else "")
+        waits = ", ".join(f"{v:.3f}" for v in r[wait])
+        lines.append(f"{r[count]:<{width}} {threads:>10} {dec:>20} {pre:>20} {waits:>34}")
+    return lines

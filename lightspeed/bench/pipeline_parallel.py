@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .machine import available_cores
-from .parallel_rows import merge_parallel_row, timed_run
+from .parallel_rows import merge_parallel_row, table_lines, timed_run
 from .runner import BenchOptions, Timings
 
 __all__ = ["measure_stage", "merge_stage_row", "format_stage_rows"]
@@ -85,14 +85,7 @@ def merge_stage_row(report: dict[str, Any], row: dict[str, Any]) -> dict[str, An
 
 def format_stage_rows(pp: dict[str, Any]) -> list[str]:
     """The text lines of a report's ``pipeline_parallel`` entry."""
-    lines = ["", f"{'stages':<7} {'threads':>10} {'decode tok/s':>20} {'prefill tok/s':>20} "
-             f"{'send/recv ms/token (each stage)':>34}"]
-    for r in pp["rows"]:
-        dec = f"{r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s_best']:.1f})"
-        pre = f"{r['prefill_tokens_per_s']:.1f} ({r['prefill_tokens_per_s_best']:.1f})"
-        threads = f"{r['threads_per_rank']}" + (" each" if r["stages"] > 1 else "")
-        waits = ", ".join(f"{v:.3f}" for v in r["sendrecv_ms_per_decode_token"])
-        lines.append(f"{r['stages']:<7} {threads:>10} {dec:>20} {pre:>20} {waits:>34}")
+    lines = table_lines(pp["rows"], "stages", "sendrecv_ms_per_decode_token", "send/recv ms/token (each stage)")
     row = pp["rows"][-1]
     lines.append(f"pipeline parallel: {row['stages']} stages decode {pp['decode_ratio']:.2f}x, prefill "
                  f"{pp['prefill_ratio']:.2f}x one process ({row['communicator']} send/recv); layers per stage "

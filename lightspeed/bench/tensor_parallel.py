@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .machine import available_cores
-from .parallel_rows import merge_parallel_row, timed_run
+from .parallel_rows import merge_parallel_row, table_lines, timed_run
 from .runner import BenchOptions, Timings
 
 __all__ = ["measure_rank", "merge_row", "format_rows"]
@@ -84,14 +84,7 @@ def merge_row(report: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 
 def format_rows(tp: dict[str, Any]) -> list[str]:
     """The text lines of a report's ``tensor_parallel`` entry."""
-    lines = ["", f"{'ranks':<6} {'threads':>10} {'decode tok/s':>20} {'prefill tok/s':>20} "
-             f"{'all-reduce ms/token (each rank)':>34}"]
-    for r in tp["rows"]:
-        dec = f"{r['decode_tokens_per_s']:.1f} ({r['decode_tokens_per_s_best']:.1f})"
-        pre = f"{r['prefill_tokens_per_s']:.1f} ({r['prefill_tokens_per_s_best']:.1f})"
-        threads = f"{r['threads_per_rank']}" + (" each" if r["ranks"] > 1 else "")
-        reduce = ", ".join(f"{v:.3f}" for v in r["allreduce_ms_per_decode_token"])
-        lines.append(f"{r['ranks']:<6} {threads:>10} {dec:>20} {pre:>20} {reduce:>34}")
+    lines = table_lines(tp["rows"], "ranks", "allreduce_ms_per_decode_token", "all-reduce ms/token (each rank)")
     row = tp["rows"][-1]
     lines.append(f"tensor parallel: {row['ranks']} ranks decode {tp['decode_ratio']:.2f}x, prefill "
                  f"{tp['prefill_ratio']:.2f}x one process; {row['allreduce_calls_per_token']} all-reduces per "
