@@ -50,13 +50,26 @@ def test_schedule_round_trips_through_json_and_later_steps_override():
     (_schedule(6, 16, 8, 50, 64, 40, 1), "multiples of the register"),
     (_schedule(6, 24, 12, 48, 48, 40, 1), "power of two"),
     (Schedule((Register("m", 4), Register("n", 8), Vectorize("n", 8))), "packed"),
-    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(SplitReduce("k", 2)), "does not apply SplitReduce"),
-    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Order(("n", "m"))), "does not apply Order"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(SplitReduce("m", 2)), r"does not apply SplitReduce\(axis='m'"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(SplitReduce("n", 3)), r"does not apply SplitReduce\(axis='n'"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(SplitReduce("k", 0)), "positive"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Order(("m",))), r"does not apply Order\(axes=\('m',\)\)"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Order(("k", "n", "m"))), r"does not apply Order\(axes=\('k'"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Order(("m", "k", "n"))), r"does not apply Order\(axes=\('m', 'k'"),
+    (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Order(("n", "m", "n"))), "Order.*repeats an axis"),
     (_schedule(6, 16, 8, 48, 64, 40, 1).with_steps(Vectorize("k", 8)), "does not apply Vectorize"),
 ])
 def test_a_schedule_that_cannot_apply_is_refused_by_name(bad, words):
     with pytest.raises(ScheduleError, match=words):
         gemm_sizes(bad)
+
+
+def test_split_k_and_the_tile_order_are_read_from_the_schedule():
+    base = _schedule(6, 16, 8, 48, 64, 40, 1)
+    assert (gemm_sizes(base)["P"], gemm_sizes(base)["NMAJOR"]) == (1, 0)
+    assert gemm_sizes(base.with_steps(SplitReduce("k", 3)))["P"] == 3
+    for axes, nmajor in ((("m", "n"), 0), (("n", "m"), 1), (("m", "n", "k"), 0), (("n", "m", "k"), 1)):
+        assert gemm_sizes(base.with_steps(Order(axes)))["NMAJOR"] == nmajor
 
 
 def test_schedule_json_with_an_unknown_step_is_refused():
@@ -155,15 +168,18 @@ def test_a_chosen_schedule_that_cannot_apply_names_the_kernel():
 @given(m=st.integers(1, 70), k=st.integers(1, 90), n=st.integers(1, 70), transposed=st.booleans(),
        mr=st.sampled_from([1, 2, 3, 4, 6, 8, 12]), w=st.sampled_from([4, 8, 16]), nv=st.integers(1, 3),
        mt=st.integers(1, 4), nt=st.integers(1, 3), kc=st.sampled_from([1, 7, 16, 40, 256]),
-       u=st.sampled_from([1, 2, 4]), pack_a=st.booleans(), fused_a=st.booleans())
+       u=st.sampled_from([1, 2, 4]), pack_a=st.booleans(), fused_a=st.booleans(),
+       parts=st.sampled_from([1, 2, 3, 5]), order=st.sampled_from([None, ("m", "n"), ("n", "m"), ("n", "m", "k")]))
 def test_random_schedules_on_random_shapes_match_numpy(m, k, n, transposed, mr, w, nv, mt, nt, kc, u, pack_a,
-                                                       fused_a):
+                                                       fused_a, parts, order):
     """Every way of reading a: panels per work item (Pack('a')), in place (a plain load, no Pack('a')),
-    panels packed once per call and shared by the items (a fused factor, no Pack('a'))."""
+    panels packed once per call and shared by the items (a fused factor, no Pack('a')); k split or not, the
+    tiles in either order."""
     nr = w * nv
     if mr * nv > 64:
         mr = 4
     sched = _schedule(mr, nr, w, mr * mt, nr * nt, kc, u, pack_a)
+    sched = sched.with_steps(*([SplitReduce("k", parts)] if parts > 1 else []) + ([Order(order)] if order else []))
     rows = ls.dim("rows", 1, 80)
     g = ls.Graph()
     a = g.input("a", (rows, k), ls.float32)
@@ -302,3 +318,101 @@ def test_a_weight_changed_between_calls_is_seen():
     wv[3:40] *= -2.0
     (second,) = prog(x=xv, r=rv, w=wv)
     _check(second, (xv.astype(np.float64) * rv) @ wv.T, 96)
+
+
+# --- split k and the tile order -----------------------------------------------------------------------------
+def _split(parts: int, pack_a: bool = False, kc: int = 16) -> Schedule:
+    return _schedule(6, 16, 8, 12, 32, kc, 2, pack_a).with_steps(SplitReduce("k", parts))
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+@pytest.mark.parametrize("read_a", ["in place", "per item", "shared"])
+def test_split_k_with_an_epilogue_matches_numpy_at_every_depth(parts, read_a):
+    """relu(x @ w.T + b) with k split into parts of whole 16-deep tiles, rows and depth symbolic: depths
+    that are not a multiple of the tile, shorter than ``parts`` tiles (fewer parts, none empty) and of one
+    tile (no split); the bias and relu apply once, to the merged sums (to a partial sum they would not
+    match). Every way of reading a: in place, packed per item (Pack('a')), shared panels packed per call."""
+    rows, depth = ls.dim("rows", 1, 200), ls.dim("depth", 1, 400)
+    g = ls.Graph()
+    x = g.input("x", (rows, depth), ls.float32)
+    r = g.input("r", (rows, 1), ls.float32)
+    w = g.input("w", (70, depth), ls.float32)
+    b = g.input("b", (70,), ls.float32)
+    left = x * r if read_a == "shared" else x
+    sched = _split(parts, pack_a=read_a == "per item")
+    prog = g.compile([(left @ w.T + b).relu()], backend="c", templates=False, schedules=lambda kern: sched)
+    (kern,) = prog.executor.plan.kernels
+    assert kern.kind == "gemm" and kern.epilogue is not None and kern.schedule == sched
+    src = prog.executor.source
+    assert "_merge(" in src and "ls_gemm_partials(" in src and ("_apack" in src) == (read_a == "shared")
+    bv = RNG.standard_normal(70, dtype=np.float32)
+    for m, k in ((61, 300), (7, 40), (200, 20), (13, 16), (97, 17)):
+        xv = RNG.standard_normal((m, k), dtype=np.float32)
+        rv = RNG.random((m, 1), dtype=np.float32)
+        wv = RNG.standard_normal((70, k), dtype=np.float32)
+        feeds = {"x": xv, "w": wv, "b": bv} | ({"r": rv} if read_a == "shared" else {})
+        (got,) = prog(**feeds)
+        lv = xv.astype(np.float64) * (rv if read_a == "shared" else 1.0)
+        _check(got, np.maximum(lv @ wv.T + bv, 0.0), k)
+
+
+def test_split_k_of_a_batched_matmul_in_either_tile_order():
+    """A batch of products, each split into 3 parts, tiles enumerated n-major and m-major."""
+    g = ls.Graph()
+    a = g.input("a", (3, 29, 150), ls.float32)
+    b = g.input("b", (3, 150, 50), ls.float32)
+    av = RNG.standard_normal((3, 29, 150), dtype=np.float32)
+    bv = RNG.standard_normal((3, 150, 50), dtype=np.float32)
+    for order in (("n", "m"), ("m", "n")):
+        sched = _split(3).with_steps(Order(order))
+        prog = g.compile([a @ b], backend="c", templates=False, schedules=lambda kern: sched)
+        assert _kinds(prog) == ["gemm"] and "_merge(" in prog.executor.source
+        (got,) = prog(a=av, b=bv)
+        _check(got, av.astype(np.float64) @ bv, 150)
+
+
+def test_split_k_bits_repeat_and_do_not_depend_on_the_thread_count():
+    """The partial sums merge in part order, so a split product is bit-identical run to run and whatever the
+    number of threads (the tiles the launcher picks per thread count do not change any sum)."""
+    from lightspeed.backend import c as cb
+    g = ls.Graph()
+    x = g.input("x", (32, 4100), ls.float32)
+    w = g.input("w", (4100, 64), ls.float32)
+    sched = _split(5, kc=64)
+    prog = g.compile([x @ w], backend="c", templates=False, schedules=lambda kern: sched)
+    assert "_merge(" in prog.executor.source
+    xv = RNG.standard_normal((32, 4100), dtype=np.float32)
+    wv = RNG.standard_normal((4100, 64), dtype=np.float32)
+    before = cb.get_num_threads()
+    try:
+        runs = []
+        for n in (2, 2, 1):
+            cb.set_num_threads(n)
+            runs.append(prog(x=xv, w=wv)[0])
+    finally:
+        cb.set_num_threads(before)
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_array_equal(runs[0], runs[2])
+    _check(runs[0], xv.astype(np.float64) @ wv, 4100)
+
+
+def test_the_tile_order_changes_only_the_enumeration_of_work_items():
+    """Order(('n', 'm')) makes the row tile the fastest index of a work item (consecutive items share a panel
+    of b); ('m', 'n'), with or without a last 'k', is the default enumeration, rendered the same."""
+    rows = ls.dim("rows", 1, 300)
+    g = ls.Graph()
+    x = g.input("x", (rows, 90), ls.float32)
+    w = g.input("w", (90, 130), ls.float32)
+
+    def build(*steps):
+        sched = _schedule(6, 16, 8, 12, 32, 32, 2).with_steps(*steps)
+        return g.compile([x @ w], backend="c", templates=False, schedules=lambda kern: sched)
+    default, mn, mnk, nm = build(), build(Order(("m", "n"))), build(Order(("m", "n", "k"))), build(Order(("n", "m")))
+    assert default.executor.source == mn.executor.source == mnk.executor.source != nm.executor.source
+    fast = "const int64_t mb = q % nmb; q /= nmb;\n        const int64_t nb = q % nnb; q /= nnb;"
+    assert fast in nm.executor.source and fast not in default.executor.source
+    wv = RNG.standard_normal((90, 130), dtype=np.float32)
+    for m in (3, 50, 300):
+        xv = RNG.standard_normal((m, 90), dtype=np.float32)
+        (got,) = nm(x=xv, w=wv)
+        _check(got, xv.astype(np.float64) @ wv, 90)

@@ -13,6 +13,19 @@ parallel pass). Partial tiles compute on zero-padded panels (or a repeated last 
 valid part. No intrinsics: the vector types lower to AVX-512, AVX2, NEON or plain code, whatever the
 compiler targets.
 
+Work items are enumerated m-major (the column tile ``nb`` varies fastest) unless ``Order(("n", "m"))`` makes
+the row tile fastest, so consecutive items share a panel of b; an Order naming ``"k"`` must name it last (k
+runs inside every item either way), and any other Order is refused.
+
+``SplitReduce("k", P)`` splits each tile's sum over k into ``S = min(P, number of k tiles)`` parts of whole
+``Tile("k")`` tiles (so the packing's blocks are kept and no part is empty; one tile: no split), each a work
+item of its own: part 0 sums into the output, part s > 0 into the calling thread's partial-sum buffer
+(``ls_gemm_partials``, laid out like the output; without memory for it the call runs unsplit). A second
+parallel pass (``_merge``) then adds parts 1, 2, ... to part 0 in index order, a row at a time, and applies the
+epilogue to the merged row, so the result is the same bits every run and for any number of threads. Split k
+applies with every way of reading a (in place, per item, shared panels) and to batched kernels; the few-rows
+form does not split.
+
 Few rows (``M < Register("m") / 2``: decode) make packing a loss, so such calls run the kernel's plain loop
 form instead (rendered by the caller as ``small``).
 """
@@ -27,19 +40,34 @@ from ...kernel.schedule import Order, Register, Schedule, ScheduleError, SplitRe
 from .loop_split import block_split, hoist_invariants
 
 AXES = ("m", "n", "k")
+# the tile orders the renderer applies (outermost first) -> whether m is the fastest-varying tile index;
+# k runs inside every work item, so a trailing "k" says what the renderer does anyway
+ORDERS = {("m", "n"): False, ("n", "m"): True, ("m", "n", "k"): False, ("n", "m", "k"): True}
+
+
+def _refused(step) -> bool:
+    """Whether the C renderer cannot apply ``step`` (it vectorises n, blocks m and n in registers and
+    splits only the reduction)."""
+    return (isinstance(step, Vectorize) and step.axis != "n") or (isinstance(step, Register) and step.axis == "k") \
+        or (isinstance(step, SplitReduce) and step.axis != "k")
 
 
 def gemm_sizes(s: Schedule) -> dict[str, int]:
-    """The sizes a gemm schedule sets (MC, NC, KC tiles, MR x NR register block, W lanes, U unroll)."""
+    """The sizes a gemm schedule sets (MC, NC, KC tiles, MR x NR register block, W lanes, U unroll, P parts of
+    k, NMAJOR: 1 when the tile order is n-major)."""
     s.validate(AXES)
     for step in s:
-        if isinstance(step, (SplitReduce, Order)) or (isinstance(step, Vectorize) and step.axis != "n") \
-                or (isinstance(step, Register) and step.axis == "k"):
+        if _refused(step):
             raise ScheduleError(f"gemm schedule: the C renderer does not apply {step} (it vectorises n, blocks m "
-                                f"and n in registers, and runs k in order)")
+                                f"and n in registers, and splits only k)")
+        if isinstance(step, Order) and tuple(step.axes) not in ORDERS:
+            raise ScheduleError(f"gemm schedule: the C renderer does not apply {step}: it orders the tiles "
+                                f"('m', 'n') or ('n', 'm'), with k (if named) last")
     out = {"MC": s.size(Tile, "m", 96), "NC": s.size(Tile, "n", 256), "KC": s.size(Tile, "k", 256),
            "MR": s.size(Register, "m", 6), "NR": s.size(Register, "n", 16), "W": s.size(Vectorize, "n", 8),
-           "U": s.size(Unroll, "k", 1)}
+           "U": s.size(Unroll, "k", 1), "P": s.size(SplitReduce, "k", 1)}
+    order = s.find(Order)
+    out["NMAJOR"] = int(order is not None and ORDERS[tuple(order.axes)])
     if out["NR"] % out["W"]:
         raise ScheduleError(f"gemm schedule: Register('n', {out['NR']}) is not a multiple of "
                             f"Vectorize('n', {out['W']})")
@@ -180,8 +208,9 @@ def _transposed_pack_lines(r, x: ir.IR, rows: tuple, ov: str, kv: str, R: int, W
 
 
 TILES_HELPER = """extern int ls_get_num_threads(void);
-/* a gemm kernel's launch: the step's buffers and the tile sizes its launcher chose for this call */
-typedef struct { ls_launch l; int64_t mt, nt; float *ash; } ls_gemm_launch;
+/* a gemm kernel's launch: the step's buffers, the tile sizes its launcher chose for this call, the shared
+ * panels of a, and (split k) the number of parts and the partial sums of parts 1 .. parts - 1 */
+typedef struct { ls_launch l; int64_t mt, nt; float *ash; int64_t parts; float *part; } ls_gemm_launch;
 #include <stdlib.h>
 /* the calling thread's buffer for a call's shared panels (grown on demand; NULL past LS_SHARE_MAX_FLOATS,
  * 256 MiB, or when memory is short: the kernel then packs per work item). Per thread, so concurrent calls
@@ -191,19 +220,25 @@ typedef struct { ls_launch l; int64_t mt, nt; float *ash; } ls_gemm_launch;
 #endif
 static _Thread_local float *ls_share_buf;
 static _Thread_local int64_t ls_share_cap;
-static inline float *ls_gemm_share(int64_t n) {
+/* the calling thread's buffer for a split-k call's partial sums (a buffer of its own: a call may use both),
+ * under the same limit; without it the call runs unsplit */
+static _Thread_local float *ls_part_buf;
+static _Thread_local int64_t ls_part_cap;
+static inline float *ls_grow_buf(float **buf, int64_t *cap, int64_t n) {
     if (n > LS_SHARE_MAX_FLOATS) return NULL;
-    if (n > ls_share_cap) {
+    if (n > *cap) {
         void *p = NULL;
-        free(ls_share_buf);
-        ls_share_buf = NULL;
-        ls_share_cap = 0;
+        free(*buf);
+        *buf = NULL;
+        *cap = 0;
         if (posix_memalign(&p, 64, (size_t)n * sizeof(float)) != 0) return NULL;
-        ls_share_buf = (float *)p;
-        ls_share_cap = n;
+        *buf = (float *)p;
+        *cap = n;
     }
-    return ls_share_buf;
+    return *buf;
 }
+static inline float *ls_gemm_share(int64_t n) { return ls_grow_buf(&ls_share_buf, &ls_share_cap, n); }
+static inline float *ls_gemm_partials(int64_t n) { return ls_grow_buf(&ls_part_buf, &ls_part_cap, n); }
 /* runtime tile sizes: the schedule's tiles, halved (in whole register blocks) while a call has fewer
  * than three work items per thread, so small matrices still spread over the threads */
 static inline void ls_gemm_tiles(int64_t B, int64_t M, int64_t N, int64_t MC, int64_t NC, int64_t MR, int64_t NR,
@@ -337,16 +372,56 @@ def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
     return second
 
 
+def _item_lines(r, k: ir.Kernel, form: MatmulForm, nmajor: bool, split: bool) -> list[str]:
+    """Lines that decode work item ``p`` into its tile (``mb``, ``nb``: rows ``i0 .. i0 + mc``, columns
+    ``j0 .. j0 + nc``), its batch indices and, ``split``, its ``part`` of k. The tile index the order makes
+    fastest comes first (``nb`` by default: m-major; ``mb`` n-major, so consecutive items share a panel of b);
+    the part is slowest, so the items of one part are the unsplit call's items in their order."""
+    vars_, shape = k.loop_vars, k.shape
+    tiles = [("mb", "nmb"), ("nb", "nnb")]
+    lines = ["        int64_t q = p;"]
+    for v, count in (tiles if nmajor else tiles[::-1]):
+        lines.append(f"        const int64_t {v} = q % {count}; q /= {count};")
+    for i in reversed(form.batch):
+        lines.append(f"        const int64_t {r.var(vars_[i])} = q % {r.idx(shape[i])}; q /= {r.idx(shape[i])};")
+    lines.append("        const int64_t part = q;" if split else "        (void)q;")
+    return lines + ["        const int64_t i0 = mb * MT, mc = ls_min(MT, M - i0);",
+                    "        const int64_t j0 = nb * NT, nc = ls_min(NT, N - j0);"]
+
+
+def _epilogue_lines(r, k: ir.Kernel, form: MatmulForm, dense: sym.Expr, rows: tuple[str, str],
+                    cols: tuple[str, str], pad: str) -> list[str]:
+    """Lines (indented by ``pad``) that apply ``k.epilogue`` in place to the outputs of tile rows
+    ``rows[0] .. rows[1]`` and columns ``cols[0] .. cols[1]`` (C bounds, relative to ``i0``, ``j0``)."""
+    m, n = r.var(k.loop_vars[form.m]), r.var(k.loop_vars[form.n])
+    return [f"{pad}for (int64_t ii = {rows[0]}; ii < {rows[1]}; ii++) {{",
+            f"{pad}    const int64_t {m} = i0 + ii;",
+            f'{pad}    _Pragma("omp simd")',
+            f"{pad}    for (int64_t jj = {cols[0]}; jj < {cols[1]}; jj++) {{",
+            f"{pad}        const int64_t {n} = j0 + jj;",
+            f"{pad}        {r.buf(k.out)}[{r.idx(dense)}] = {r.expr(k.epilogue)};",
+            f"{pad}    }}", f"{pad}}}"]
+
+
+def _fn_head(r, k: ir.Kernel, name: str) -> list[str]:
+    """The first lines of one of a gemm kernel's parallel functions: its launch and buffer declarations."""
+    return [f"static void {name}(void *vctx, int64_t p0, int64_t p1) {{",
+            "    const ls_gemm_launch *g = (const ls_gemm_launch *)vctx;",
+            "    const ls_launch *l = &g->l;", "    const ls_args *a = l->a;", "    (void)a;"] \
+        + [f"    {d}" for d in r.decls(k)]
+
+
 def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tuple[str, str], dense: sym.sint,
                 grain: int, epilogue_pass: tuple[str, str] | None = None) -> tuple[str, str]:
     """(function text, launch text) of gemm kernel ``k`` under ``schedule``; ``small`` is the kernel's plain
     loop form (function, launch) with ``KFN`` names, run when the call has few rows. ``r`` is the
     KernelRenderer (expression rendering, buffer and variable names); ``dense`` the output's offset over
     the loop variables; ``grain`` the work below which the call runs on the calling thread. A kernel with an
-    epilogue applies it to each finished block; ``epilogue_pass`` (a loop form over the whole output, with
-    ``KFN`` names) applies it after the few-rows form."""
+    epilogue applies it to each finished block (split k: to each merged row); ``epilogue_pass`` (a loop form
+    over the whole output, with ``KFN`` names) applies it after the few-rows form."""
     z = gemm_sizes(schedule)
-    MC, NC, KC, MR, NR, W, U = (z[x] for x in ("MC", "NC", "KC", "MR", "NR", "W", "U"))
+    MC, NC, KC, MR, NR, W, U, P = (z[x] for x in ("MC", "NC", "KC", "MR", "NR", "W", "U", "P"))
+    nmajor, split = bool(z["NMAJOR"]), P > 1
     vars_, shape = list(k.loop_vars), list(k.shape)
     mvar, nvar, kvar = vars_[form.m], vars_[form.n], form.reduce.var
     batch = form.batch
@@ -360,31 +435,31 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
     r.pack_floats = max(r.pack_floats, pack_floats(schedule))
     M, N, K = r.idx(shape[form.m]), r.idx(shape[form.n]), r.idx(form.reduce.size)
     ldc = r.idx(sym.prod(shape[form.m + 1:]))
+    outn = r.idx(sym.prod(shape))  # a part's partial sums lie like the output (the same offsets)
     dense = sym.to_expr(dense)
     base = dense.substitute({mvar: 0, nvar: 0})
     B = r.idx(sym.prod([shape[i] for i in batch])) if batch else "1"
-    lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
-             "    const ls_gemm_launch *g = (const ls_gemm_launch *)vctx;",
-             "    const ls_launch *l = &g->l;", "    const ls_args *a = l->a;", "    (void)a;"]
-    lines += [f"    {d}" for d in r.decls(k)]
+    out = r.buf(k.out)
+    lines = _fn_head(r, k, "KFN")
     lines += [f"    const int64_t M = {M}, N = {N}, K = {K}, ldc = {ldc}, MT = g->mt, NT = g->nt;",
               f"    const int64_t nmb = (M + MT - 1) / MT, nnb = (N + NT - 1) / NT, Mp = (M + {MR - 1}) / {MR} * {MR};",
-              "    (void)Mp;",
-              "    float *restrict ap = ls_pack_buf;",
+              "    (void)Mp;"]
+    if split:
+        lines.append(f"    const int64_t S = g->parts, nkb = (K + {KC - 1}) / {KC}, OUTN = {outn};")
+    lines += ["    float *restrict ap = ls_pack_buf;",
               f"    float *restrict bp = ls_pack_buf + {MC * KC};",
               f"    float *restrict tile = ls_pack_buf + {MC * KC + KC * NC};",
-              "    for (int64_t p = p0; p < p1; p++) {",
-              "        int64_t q = p;",
-              "        const int64_t nb = q % nnb; q /= nnb;",
-              "        const int64_t mb = q % nmb; q /= nmb;"]
-    for i in reversed(batch):
-        lines.append(f"        const int64_t {r.var(vars_[i])} = q % {r.idx(shape[i])}; q /= {r.idx(shape[i])};")
-    lines += ["        (void)q;",
-              "        const int64_t i0 = mb * MT, mc = ls_min(MT, M - i0);",
-              "        const int64_t j0 = nb * NT, nc = ls_min(NT, N - j0);",
-              f"        float *restrict cb = {r.buf(k.out)} + ({r.idx(base)});",
-              f"        for (int64_t k0 = 0; k0 < K; k0 += {KC}) {{",
-              f"            const int64_t kc = ls_min({KC}, K - k0);"]
+              "    for (int64_t p = p0; p < p1; p++) {"]
+    lines += _item_lines(r, k, form, nmajor, split)
+    if split:  # part s sums k tiles [s * nkb / S, (s + 1) * nkb / S): whole tiles, none empty (S <= nkb)
+        lines += [f"        const int64_t klo = part * nkb / S * {KC}, khi = ls_min(K, (part + 1) * nkb / S * {KC});",
+                  f"        float *restrict cb = (part ? g->part + (part - 1) * OUTN : {out}) + ({r.idx(base)});",
+                  f"        for (int64_t k0 = klo; k0 < khi; k0 += {KC}) {{",
+                  f"            const int64_t kc = ls_min({KC}, khi - k0);"]
+    else:
+        lines += [f"        float *restrict cb = {out} + ({r.idx(base)});",
+                  f"        for (int64_t k0 = 0; k0 < K; k0 += {KC}) {{",
+                  f"            const int64_t kc = ls_min({KC}, K - k0);"]
     b_rows = in_place(form.b, nvar, kvar)  # b stored [n, k] (x @ w.T): its panels are blocks transposed
     if b_rows is not None:
         lines += _transposed_pack_lines(r, form.b, b_rows, r.var(nvar), r.var(kvar), NR, W)
@@ -407,17 +482,12 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
     lines += [f"            for (int64_t jr = 0; jr < nc; jr += {NR})",
               f"                for (int64_t ir = 0; ir < mc; ir += {MR}) {{",
               f"                    {ukr}(kc, {a_at}, {lda}, bp + jr * kc, cb + (i0 + ir) * ldc + j0 + jr, ldc, "
-              f"ls_min({MR}, mc - ir), ls_min({NR}, nc - jr), k0 == 0, tile);"]
+              f"ls_min({MR}, mc - ir), ls_min({NR}, nc - jr), k0 == {'klo' if split else '0'}, tile);"]
     if k.epilogue is not None:  # the register block is complete and in L1: apply the epilogue over it
-        m, n = r.var(mvar), r.var(nvar)
-        lines += ["                    if (k0 + kc >= K)",
-                  f"                        for (int64_t ii = ir; ii < ls_min(ir + {MR}, mc); ii++) {{",
-                  f"                            const int64_t {m} = i0 + ii;",
-                  '                            _Pragma("omp simd")',
-                  f"                            for (int64_t jj = jr; jj < ls_min(jr + {NR}, nc); jj++) {{",
-                  f"                                const int64_t {n} = j0 + jj;",
-                  f"                                {r.buf(k.out)}[{r.idx(dense)}] = {r.expr(k.epilogue)};",
-                  "                            }", "                        }"]
+        # (split into parts, a block holds a partial sum: the merge applies the epilogue instead)
+        lines.append(f"                    if ({'S == 1 && ' if split else ''}k0 + kc >= K)")
+        lines += _epilogue_lines(r, k, form, dense, ("ir", f"ls_min(ir + {MR}, mc)"), ("jr", f"ls_min(jr + {NR}, nc)"),
+                                 " " * 24)
     lines += ["                }", "        }", "    }", "}"]
     small_fn, small_call = small
     if epilogue_pass is not None:  # the few-rows form stores the product; a loop then applies the epilogue
@@ -434,13 +504,46 @@ def render_gemm(r, k: ir.Kernel, schedule: Schedule, form: MatmulForm, small: tu
                f"      if (g.ash) {{ if (({work}) >= {grain}) ls_parallel_for(KFN_apack, &g, na); "
                f"else KFN_apack(&g, 0, na); }}\n")
         packs_a = "g.ash == 0"
+    tiles_b, items, post = B, f"({B})", ""  # (unsplit: the launch text as before, so tuning-cache keys hold)
+    if split:
+        lines += [""] + _merge_pass(r, k, form, dense, base, M, N, ldc, outn, nmajor)
+        pre += (f"      g.parts = ls_min({P}, (K + {KC - 1}) / {KC});\n"
+                f"      if (g.parts > 1 && !(g.part = ls_gemm_partials((g.parts - 1) * ({outn})))) g.parts = 1;\n")
+        tiles_b = items = f"({B}) * g.parts"  # every part of a tile is a work item of its own
+        post = (f"\n      if (g.parts > 1) {{ const int64_t n0 = n / g.parts;\n"
+                f"        if (({B}) * M * N * g.parts >= {grain}) ls_parallel_for(KFN_merge, &g, n0); "
+                f"else KFN_merge(&g, 0, n0); }}")
     call = (f"    {{ const int64_t M = {M}, N = {N}, K = {K};\n"
             f"      if (M * 2 < {MR} || K == 0) {{\n{small_call.replace('KFN', 'KFN_small')}\n      }} else {{\n"
             f"      ls_gemm_launch g = {{*lp, 0, 0, 0}};\n{pre}"
-            f"      ls_gemm_tiles({B}, M, N, {MC}, {NC}, {MR}, {NR}, {packs_a}, &g.mt, &g.nt);\n"
-            f"      const int64_t n = ({B}) * ((M + g.mt - 1) / g.mt) * ((N + g.nt - 1) / g.nt);\n"
-            f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &g, n); else KFN(&g, 0, n); }} }}")
+            f"      ls_gemm_tiles({tiles_b}, M, N, {MC}, {NC}, {MR}, {NR}, {packs_a}, &g.mt, &g.nt);\n"
+            f"      const int64_t n = {items} * ((M + g.mt - 1) / g.mt) * ((N + g.nt - 1) / g.nt);\n"
+            f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &g, n); else KFN(&g, 0, n);{post} }} }}")
     return small_fn.replace("KFN", "KFN_small") + "\n\n" + "\n".join(lines), call
+
+
+def _merge_pass(r, k: ir.Kernel, form: MatmulForm, dense: sym.Expr, base: sym.Expr, M: str, N: str, ldc: str,
+                outn: str, nmajor: bool) -> list[str]:
+    """Lines of ``KFN_merge`` (split k): work item p adds the partial sums of parts 1 .. S - 1 to part 0's (in
+    the output) over one tile, a row at a time and the parts in index order, so every output is the same sum
+    whatever the threads' timing; then it applies the kernel's epilogue to the merged row."""
+    lines = _fn_head(r, k, "KFN_merge")
+    lines += [f"    const int64_t M = {M}, N = {N}, ldc = {ldc}, MT = g->mt, NT = g->nt, S = g->parts, OUTN = {outn};",
+              "    const int64_t nmb = (M + MT - 1) / MT, nnb = (N + NT - 1) / NT;",
+              "    for (int64_t p = p0; p < p1; p++) {"]
+    lines += _item_lines(r, k, form, nmajor, split=False)
+    lines += [f"        float *restrict cb = {r.buf(k.out)} + ({r.idx(base)});",
+              f"        const float *restrict pb = g->part + ({r.idx(base)});",
+              "        for (int64_t ri = 0; ri < mc; ri++) {",
+              "            float *restrict crow = cb + (i0 + ri) * ldc + j0;",
+              "            for (int64_t sp = 1; sp < S; sp++) {",
+              "                const float *restrict prow = pb + (sp - 1) * OUTN + (i0 + ri) * ldc + j0;",
+              '                _Pragma("omp simd")',
+              "                for (int64_t jj = 0; jj < nc; jj++) crow[jj] += prow[jj];",
+              "            }"]
+    if k.epilogue is not None:
+        lines += _epilogue_lines(r, k, form, dense, ("ri", "ri + 1"), ("0", "nc"), " " * 12)
+    return lines + ["        }", "    }", "}"]
 
 
 SHARE_ROWS = 8  # register blocks of rows per work item of the shared packing pass
@@ -452,10 +555,7 @@ def _shared_pass(r, k: ir.Kernel, form: MatmulForm, a_pack: list[str], M: str, K
     one k block into the call's shared buffer (``g->ash``: k block k0 at ``k0 * Mp``, its panel of rows i0
     at ``i0 * kc`` after that), with the same packing lines an item would run on its own buffer."""
     ch = SHARE_ROWS * MR
-    lines = ["static void KFN_apack(void *vctx, int64_t p0, int64_t p1) {",
-             "    const ls_gemm_launch *g = (const ls_gemm_launch *)vctx;",
-             "    const ls_launch *l = &g->l;", "    const ls_args *a = l->a;", "    (void)a;"]
-    lines += [f"    {d}" for d in r.decls(k)]
+    lines = _fn_head(r, k, "KFN_apack")
     lines += [f"    const int64_t M = {M}, K = {K}, Mp = (M + {MR - 1}) / {MR} * {MR}, nch = (Mp + {ch - 1}) / {ch};",
               "    for (int64_t p = p0; p < p1; p++) {",
               f"        const int64_t k0 = p / nch * {KC}, kc = ls_min({KC}, K - k0);",
