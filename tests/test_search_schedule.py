@@ -13,7 +13,7 @@ from lightspeed.backend.c import render as c_render
 from lightspeed.graph import Program
 from lightspeed.backend.c.scheduling import assign_schedules
 from lightspeed.kernel import form_kernels
-from lightspeed.kernel.schedule import Register, Tile
+from lightspeed.kernel.schedule import Order, Register, SplitReduce, Tile
 from lightspeed.search import knobs as K
 from lightspeed.search import schedule as S
 
@@ -71,6 +71,29 @@ def test_gemm_knobs_edit_the_kernels_own_schedule_only_while_it_renders():
     res = S.tune_schedule(Program.build(g, outs), plan, level=1, budget_s=60, progress=False, use_cache=False)
     assert res.tried >= 2 and res.rejected == 0, res
     assert all(set(c) <= set(K.BY_SCHEDULE["gemm"]) for name, c in res.choice.items() if name == gemm.name)
+
+
+def test_the_candidates_propose_split_k_and_the_tile_order(monkeypatch):
+    """Both levels propose k split into parts and n-major tiles; the knobs become SplitReduce and Order steps
+    the renderer applies, and a search over them (a product with few tiles and a long k) keeps only
+    candidates that agree with the reference."""
+    quick, grid = K.configurations(1), K.configurations(2)
+    assert any(c.get("GEMM_SPLIT_K", 1) > 1 for c in quick) and any(c.get("GEMM_ORDER") == "nm" for c in quick)
+    assert {c.get("GEMM_SPLIT_K") for c in grid[1:]} == set(K.VALUES["GEMM_SPLIT_K"])
+    assert {c.get("GEMM_ORDER") for c in grid[1:]} == set(K.VALUES["GEMM_ORDER"])
+    g = ls.Graph()
+    x, w = g.input("x", (32, 2048)), g.input("w", (2048, 64))
+    program = Program.build(g, [x @ w])
+    plan = assign_schedules(form_kernels(program))
+    (gemm,) = plan.kernels
+    knobs = {"GEMM_SPLIT_K": 4, "GEMM_ORDER": "nm"}
+    edited = K.schedule_steps(gemm.schedule, knobs)
+    assert edited.find(SplitReduce, "k") == SplitReduce("k", 4) and edited.find(Order) == Order(("n", "m"))
+    src = c_render.render_plan(plan, schedule=K.per_kernel({gemm.name: knobs}))
+    assert "_merge(" in src and "_merge(" not in c_render.render_plan(plan)
+    monkeypatch.setattr(K, "configurations", lambda level: [{}, {"GEMM_SPLIT_K": 4}, knobs])
+    res = S.tune_schedule(program, plan, level=1, budget_s=60, progress=False, use_cache=False)
+    assert res.tried == 3 and res.rejected == 0, res
 
 
 def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):

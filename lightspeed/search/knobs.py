@@ -1,11 +1,12 @@
 """Schedule knobs: what a kernel-level search may change, per kind of kernel.
 
-A gemm kernel's knobs edit its own schedule (``kernel.schedule``: tile sizes and the unroll of k), so
-nothing global changes. The older kinds still have knobs that are module-level constants of a C
-renderer (``render.TILE``, ``attention.ROWS``, ...), read when a kernel renders, so rendering one kernel
-inside ``override(knobs)`` renders it with other values. Which knobs apply depends on the kernel's kind:
-a tiled reduction has a tile width and a row block, the streaming attention a query block and a key
-block; the quantized matmul template is left alone (its decode helpers assume its row block).
+A gemm kernel's knobs edit its own schedule (``kernel.schedule``: tile sizes, the unroll of k, the parts k
+is split into and the order of the tiles), so nothing global changes. The older kinds still have knobs that
+are module-level constants of a C renderer (``render.TILE``, ``attention.ROWS``, ...), read when a kernel
+renders, so rendering one kernel inside ``override(knobs)`` renders it with other values. Which knobs apply
+depends on the kernel's kind: a tiled reduction has a tile width and a row block, the streaming attention a
+query block and a key block; the quantized matmul template is left alone (its decode helpers assume its row
+block).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Iterator
 from ..backend.c import attention as c_attention
 from ..backend.c import render as c_render
 from ..kernel import ir
-from ..kernel.schedule import Register, Schedule, Tile, Unroll
+from ..kernel.schedule import Order, Register, Schedule, SplitReduce, Tile, Unroll
 
 # knob name -> (module, attribute)
 KNOBS = {
@@ -30,17 +31,21 @@ KNOBS = {
 }
 
 # knobs that edit a kernel's own schedule (kernel.schedule.Schedule) instead of a module constant: name ->
-# (schedule step type, axis); a search's choice for a kernel becomes steps appended to its schedule
+# (schedule step type, axis); a search's choice for a kernel becomes steps appended to its schedule. The
+# order's value is its axes as one string, outermost first ("nm": Order(("n", "m"))), so it stores as JSON
 SCHEDULE_KNOBS = {
     "GEMM_TILE_M": (Tile, "m"),
     "GEMM_TILE_N": (Tile, "n"),
     "GEMM_TILE_K": (Tile, "k"),
     "GEMM_UNROLL_K": (Unroll, "k"),
+    "GEMM_SPLIT_K": (SplitReduce, "k"),
+    "GEMM_ORDER": (Order, None),
 }
 
 # knobs that matter for each kernel schedule
 BY_SCHEDULE = {
-    "gemm": ("GEMM_TILE_M", "GEMM_TILE_N", "GEMM_TILE_K", "GEMM_UNROLL_K", "PARALLEL_GRAIN"),
+    "gemm": ("GEMM_TILE_M", "GEMM_TILE_N", "GEMM_TILE_K", "GEMM_UNROLL_K", "GEMM_SPLIT_K", "GEMM_ORDER",
+             "PARALLEL_GRAIN"),
     "tiled": ("TILE", "ROW_BLOCK", "PARALLEL_GRAIN"),
     "loop": ("PARALLEL_GRAIN",),
     "scatter": ("PARALLEL_GRAIN",),
@@ -60,13 +65,15 @@ VALUES = {
     "GEMM_TILE_N": (128, 256, 512),
     "GEMM_TILE_K": (64, 128, 256, 384),
     "GEMM_UNROLL_K": (1, 2, 4, 8),
+    "GEMM_SPLIT_K": (1, 2, 4, 8),  # parts of k (1: unsplit): for calls with few tiles and a long k
+    "GEMM_ORDER": ("mn", "nm"),
 }
 QUICK = [
-    {"TILE": 32, "ROW_BLOCK": 4, "ATTENTION_ROWS": 16, "ATTENTION_KEYS": 64, "GEMM_TILE_K": 128},
+    {"TILE": 32, "ROW_BLOCK": 4, "ATTENTION_ROWS": 16, "ATTENTION_KEYS": 64, "GEMM_TILE_K": 128, "GEMM_SPLIT_K": 4},
     {"TILE": 16, "ROW_BLOCK": 2, "ATTENTION_ROWS": 64, "ATTENTION_KEYS": 32, "ATTENTION_VECTOR_BYTES": 16,
      "GEMM_TILE_M": 96, "GEMM_TILE_K": 384},
     {"TILE": 8, "ROW_BLOCK": 6, "ATTENTION_ROWS": 32, "ATTENTION_KEYS": 128, "PARALLEL_GRAIN": 1 << 12,
-     "GEMM_TILE_N": 128, "GEMM_UNROLL_K": 1},
+     "GEMM_TILE_N": 128, "GEMM_UNROLL_K": 1, "GEMM_ORDER": "nm"},
     {"TILE": 32, "ROW_BLOCK": 2, "ATTENTION_ROWS": 8, "ATTENTION_KEYS": 16, "PARALLEL_GRAIN": 1 << 18,
      "GEMM_TILE_N": 512, "GEMM_UNROLL_K": 8},
 ]
@@ -86,12 +93,16 @@ def relevant(kernel: ir.Kernel, knobs: dict) -> dict:
 
 
 def schedule_steps(schedule: Schedule, knobs: dict) -> Schedule:
-    """``schedule`` edited by the schedule knobs in ``knobs`` (tiles rounded up to whole register blocks)."""
+    """``schedule`` edited by the schedule knobs in ``knobs`` (tiles rounded up to whole register blocks; the
+    order from its string of axes)."""
     steps = []
     for name, value in knobs.items():
         if name not in SCHEDULE_KNOBS:
             continue
         kind, axis = SCHEDULE_KNOBS[name]
+        if kind is Order:
+            steps.append(Order(tuple(str(value))))
+            continue
         if kind is Tile and axis in ("m", "n"):
             r = schedule.size(Register, axis, 1)
             value = max(r, (int(value) + r - 1) // r * r)
@@ -162,8 +173,11 @@ def configurations(level: int) -> list[dict]:
     for k in range(max(len(tiles), len(attn), len(gemm))):
         t, a, m = tiles[k % len(tiles)], attn[k % len(attn)], gemm[k % len(gemm)]
         widths, unrolls = VALUES["ATTENTION_VECTOR_BYTES"], VALUES["GEMM_UNROLL_K"]
+        # the split and the order change at other rates than the unroll, so the grid pairs each with each
+        splits, orders = VALUES["GEMM_SPLIT_K"], VALUES["GEMM_ORDER"]
         out.append({"TILE": t[0], "ROW_BLOCK": t[1], "ATTENTION_ROWS": a[0], "ATTENTION_KEYS": a[1],
                     "PARALLEL_GRAIN": grains[k % len(grains)], "ATTENTION_VECTOR_BYTES": widths[k % len(widths)],
                     "GEMM_TILE_M": m[0], "GEMM_TILE_N": m[1], "GEMM_TILE_K": m[2],
-                    "GEMM_UNROLL_K": unrolls[k % len(unrolls)]})
+                    "GEMM_UNROLL_K": unrolls[k % len(unrolls)], "GEMM_SPLIT_K": splits[k // 4 % len(splits)],
+                    "GEMM_ORDER": orders[k // 16 % len(orders)]})
     return out
