@@ -36,7 +36,8 @@ import lightspeed as ls
 from lightspeed import dtypes as dt
 from lightspeed import symbolic as sym
 from lightspeed.graph import Program, describe
-from lightspeed.kernel.schedule import Pack, Parallel, Register, Schedule, Tile, Unroll, Vectorize
+from lightspeed.kernel.schedule import (Order, Pack, Parallel, Register, Schedule, SplitReduce, Tile, Unroll,
+                                        Vectorize)
 
 RTOL = 1e-5          # float32 outputs of rounding arithmetic: relative part
 ATOL = 1e-6          # ... and absolute part, per unit of the value's magnitude bound
@@ -671,7 +672,7 @@ def _compare(got: np.ndarray, want: np.ndarray, v: Val, what: str) -> None:
 def gemm_schedules(draw):
     """None (the heuristics) or a random valid schedule for every gemm kernel of a graph: register blocks,
     vector widths, tiles (odd multiples), unrolls, a packed per work item or not (in place, or shared
-    panels packed once per call)."""
+    panels packed once per call), k split into parts or not, the tiles in either order."""
     if draw(st.booleans()):
         return None
     w = draw(st.sampled_from([4, 8, 16]))
@@ -681,7 +682,9 @@ def gemm_schedules(draw):
     return Schedule((Parallel("m"), Tile("m", mr * draw(st.integers(1, 5))), Tile("n", nr * draw(st.integers(1, 3))),
                      Tile("k", draw(st.sampled_from([1, 3, 8, 32, 256]))), Register("m", mr), Register("n", nr),
                      Vectorize("n", w)) + ((Pack("a", "k"),) if draw(st.booleans()) else ())
-                    + (Pack("b", "k"), Unroll("k", draw(st.sampled_from([1, 2, 4])))))
+                    + (Pack("b", "k"), Unroll("k", draw(st.sampled_from([1, 2, 4]))))
+                    + ((SplitReduce("k", draw(st.sampled_from([2, 3, 5]))),) if draw(st.booleans()) else ())
+                    + ((Order(draw(st.sampled_from([("m", "n"), ("n", "m")]))),) if draw(st.booleans()) else ()))
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None, phases=PHASES,
