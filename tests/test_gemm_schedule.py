@@ -86,6 +86,38 @@ def test_heuristics_fill_the_register_file_of_the_target():
     assert avx512["KC"] * avx512["NR"] * 4 <= 48 << 10 and avx2["KC"] * avx2["NR"] * 4 <= 32 << 10
 
 
+def test_heuristics_split_k_only_for_few_output_blocks_and_a_long_k():
+    avx512 = Target(vector_bytes=64, vector_registers=32, l1_bytes=48 << 10)
+    kc = gemm_sizes(gemm_schedule(avx512, 64))["KC"]
+
+    def parts(**sizes):
+        return gemm_sizes(gemm_schedule(avx512, **sizes))["P"]
+    assert parts(columns=64, rows=32, depth=16 * kc) == 4          # 6 register blocks of 6 x 64
+    assert parts(columns=64, rows=32, depth=16 * kc, batch=2) == 4  # 12
+    assert parts(columns=64, rows=32, depth=16 * kc, batch=3) == 1  # 18: enough blocks
+    assert parts(columns=128, rows=128, depth=64 * kc) == 1         # 44
+    assert parts(columns=64, rows=32, depth=16 * kc - 1) == 1       # k too short
+    assert parts(columns=64, rows=None, depth=16 * kc) == 1         # symbolic rows
+    assert parts(columns=64, rows=32, depth=None) == 1
+
+
+def test_a_static_product_gets_the_heuristics_split_of_k():
+    """32x64x8192: split into 4 parts where the host's register blocks are 6 x 64 (AVX-512), not with 6 x 16."""
+    from lightspeed.backend.c.target import host_target
+    g = ls.Graph()
+    x = g.input("x", (32, 8192), ls.float32)
+    w = g.input("w", (8192, 64), ls.float32)
+    prog = g.compile([x @ w], backend="c", templates=False)
+    (kern,) = prog.executor.plan.kernels
+    want = gemm_schedule(host_target(), columns=64, rows=32, depth=8192)
+    assert kern.kind == "gemm" and kern.schedule == want
+    assert ("_merge(" in prog.executor.source) == (gemm_sizes(want)["P"] > 1)
+    xv = RNG.standard_normal((32, 8192), dtype=np.float32)
+    wv = RNG.standard_normal((8192, 64), dtype=np.float32)
+    (got,) = prog(x=xv, w=wv)
+    _check(got, xv.astype(np.float64) @ wv, 8192)
+
+
 # --- generated gemm kernels -------------------------------------------------------------------------------
 def _matmul_prog(m, k, n, transposed: bool, **opts):
     g = ls.Graph()

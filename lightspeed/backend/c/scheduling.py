@@ -31,8 +31,7 @@ def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: Sch
         if k.kind != "gemm":
             continue
         form = match_matmul(k.value, k.loop_vars)
-        width = k.shape[form.n] if form is not None else None
-        default = gemm_schedule(target, int(width) if width is not None and sym.is_const(width) else None)
+        default = gemm_schedule(target, *_static_sizes(k, form))
         chosen = choose(k) if choose is not None else None
         if chosen is not None:
             try:
@@ -41,6 +40,17 @@ def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: Sch
                 raise type(e)(f"kernel {k.name}: {e}") from None
         k.schedule = chosen or k.schedule or default
     return plan
+
+
+def _static_sizes(k: ir.Kernel, form) -> tuple[int | None, int | None, int | None, int | None]:
+    """(columns, rows, depth, batch) of gemm kernel ``k``, each None unless static (all None without a form)."""
+    if form is None:
+        return None, None, None, None
+
+    def static(x):
+        return int(x) if sym.is_const(x) else None
+    batch = sym.prod([k.shape[i] for i in form.batch]) if form.batch else 1
+    return static(k.shape[form.n]), static(k.shape[form.m]), static(form.reduce.size), static(batch)
 
 
 def form_c_plan(program: Program, form_options: dict, choose: ScheduleChoice | None = None) -> KernelPlan:
