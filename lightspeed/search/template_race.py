@@ -36,6 +36,7 @@ from .runner import PlanRunner, in_background
 
 MIN_GAIN = 0.05  # a generated kernel must beat the template by this fraction to replace it
 RACED_KINDS = ("qmatmul", "attention")  # the templates' kernel kinds (kernel/fusion.py)
+ROUNDS = 3  # the two plans are timed in this many alternating rounds
 
 
 @dataclass
@@ -96,6 +97,18 @@ def _counterparts(regions: dict[int, frozenset[int]], raced: dict[str, str], wit
     return found
 
 
+def _kernel_seconds(runners: list[PlanRunner], plans) -> list[dict[str, float]]:
+    """Per plan: each kernel's best seconds over ``ROUNDS`` alternating rounds of timing both plans, so that
+    a change of load on the machine affects both alike (kernels of microseconds flip the race otherwise)."""
+    best = [dict.fromkeys((k.name for k in plan.kernels), float("inf")) for plan in plans]
+    for _ in range(ROUNDS):
+        for runner, plan, times in zip(runners, plans, best):
+            _, kernel_s = runner.time()
+            for k, t in zip(plan.kernels, kernel_s):
+                times[k.name] = min(times[k.name], t)
+    return best
+
+
 def _build(program: Program, **options) -> tuple[Former, object]:
     former = Former(program, **options)
     return former, assign_schedules(former.plan())
@@ -151,10 +164,7 @@ def race_templates(program: Program, lower_only: frozenset[int] | None, form_opt
     if not outputs_agree(runners[0].outputs(), runners[1].outputs(), rtol=rtol, atol=atol):
         res.note = "not raced: the two plans' outputs disagree"
         return lower_only, res
-    per = []
-    for runner, plan in zip(runners, (with_t, without)):
-        _, kernel_s = runner.time()
-        per.append(dict(zip((k.name for k in plan.kernels), kernel_s)))
+    per = _kernel_seconds(runners, (with_t, without))
     dropped = set()
     for nid, cp in pairs.items():
         # a kernel that several regions share (a mask stored once for every layer's attention, an activation
