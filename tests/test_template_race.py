@@ -120,7 +120,7 @@ def _check(g, outs, prog, sizes=(1, 5, 64)) -> None:
 def test_the_attention_is_raced_against_its_score_and_softmax_kernels(monkeypatch, generated_faster):
     g, outs = _attention_graph()
     _rig(monkeypatch, generated_faster)
-    lower_only, res = _race(Program.build(g, outs), {"seq": 48})
+    lower_only, res = _race(Program.build(g, outs), {"seq": 64})
     (nid,) = res.times
     assert res.kinds == {nid: "attention"} and not res.skipped
     templated, generated = res.kernels[nid]
@@ -132,6 +132,17 @@ def test_the_attention_is_raced_against_its_score_and_softmax_kernels(monkeypatc
         assert res.dropped == {nid} and lower_only == frozenset()
     else:
         assert not res.dropped and lower_only is None
+
+
+def test_an_attention_measured_below_its_bounds_keeps_its_template(monkeypatch):
+    """At 48 of up to 64 tokens: the generated form's scores grow with the square of the keys, so a time at
+    one size is not taken for the bound."""
+    g, outs = _attention_graph()
+    _rig(monkeypatch, True)
+    lower_only, res = _race(Program.build(g, outs), {"seq": 48})
+    (nid,) = res.skipped
+    assert res.kinds == {nid: "attention"} and not res.dropped and lower_only is None
+    assert "seq=48 of up to 64" in res.skipped[nid], res.skipped
 
 
 def test_an_attention_fused_across_its_border_is_not_raced(monkeypatch):
@@ -189,7 +200,7 @@ def test_search_keeps_or_drops_the_attention_as_the_race_measured(monkeypatch, g
     from lightspeed.search import calibration, cost
     monkeypatch.setattr(calibration, "calibrate", lambda: cost.CostModel())
     monkeypatch.setattr(K, "configurations", lambda level: [{}])  # schedules: the heuristics only
-    prog = g.compile(outs, backend="c", search=1, search_budget_s=60, search_dims={"seq": 48})
+    prog = g.compile(outs, backend="c", search=1, search_budget_s=60, search_dims={"seq": 64})
     race = prog.executor.search_report.race
     assert list(race.kinds.values()) == ["attention"] and len(race.times) == 1, race
     kinds = [k.kind for k in prog.executor.plan.kernels]
@@ -208,7 +219,7 @@ def test_search_races_the_attention_unrigged_and_matches_the_reference(monkeypat
     from lightspeed.search import calibration, cost
     monkeypatch.setattr(calibration, "calibrate", lambda: cost.CostModel())
     monkeypatch.setattr(K, "configurations", lambda level: [{}])
-    prog = g.compile(outs, backend="c", search=1, search_budget_s=60, search_dims={"seq": 48})
+    prog = g.compile(outs, backend="c", search=1, search_budget_s=60, search_dims={"seq": 64})
     race = prog.executor.search_report.race
     assert len(race.times) == 1 and race.kinds == {nid: "attention" for nid in race.times}, race
     kinds = [k.kind for k in prog.executor.plan.kernels]

@@ -11,8 +11,9 @@ the plan with templates that compute the same nodes (the template, and what it r
 generated side inlines). A template whose counterpart's summed time is lower by more than ``MIN_GAIN`` is
 dropped from ``lower_only``. A region whose work one plan fuses into a kernel of a node outside it is not
 raced and keeps its template: that kernel's time cannot be split at the border, and counting all of it would
-charge the generated side with work the other plan does elsewhere. Both plans' outputs must agree (within the
-check's tolerance), else nothing is dropped.
+charge the generated side with work the other plan does elsewhere. Nor is an attention measured below the
+upper bounds of its dimensions (its generated form's scores grow with the square of the keys). Both plans'
+outputs must agree (within the check's tolerance), else nothing is dropped.
 """
 from __future__ import annotations
 
@@ -97,6 +98,28 @@ def _counterparts(regions: dict[int, frozenset[int]], raced: dict[str, str], wit
     return found
 
 
+def _below_bounds(plan, names: tuple[str, ...], env: dict[str, int]) -> list[str]:
+    """The dimensions that the kernels ``names`` of ``plan`` span and ``env`` sets below their upper bound."""
+    out = set()
+    for k in plan.kernels:
+        if k.name in names:
+            out |= {f"{v.name}={env[v.name]} of up to {v.hi}" for v in sym.free_vars(*k.shape)
+                    if v.name in env and env[v.name] < v.hi}
+    return sorted(out)
+
+
+def _at_bounds_only(pairs: dict[int, Counterpart], without, env: dict[str, int], res: RaceResult) -> None:
+    """Leave out of ``pairs`` (into ``res.skipped``) the attention regions measured below the upper bounds of
+    their dimensions: the generated form stores seq x seq scores, so its time and its arena grow with the
+    square of the keys and a time at the tuning size says little of the bound. (A quantized matmul's race
+    stands for every size, as before: the work of both its forms is linear in the rows.)"""
+    for nid in [n for n in pairs if res.kinds[n] == "attention"]:
+        below = _below_bounds(without, pairs[nid].generated, env)
+        if below:
+            res.skipped[nid] = f"measured at {', '.join(below)}: the stored scores grow with the square of the keys"
+            del pairs[nid]
+
+
 def _kernel_seconds(runners: list[PlanRunner], plans) -> list[dict[str, float]]:
     """Per plan: each kernel's best seconds over ``ROUNDS`` alternating rounds of timing both plans, so that
     a change of load on the machine affects both alike (kernels of microseconds flip the race otherwise)."""
@@ -133,6 +156,7 @@ def race_templates(program: Program, lower_only: frozenset[int] | None, form_opt
     regions = {a.root.id: a.region for a in alternatives_of(former_t)}
     nodes_t, nodes_g = PlanNodes(former_t, with_t), PlanNodes(former_g, without)
     pairs = _counterparts(regions, raced, nodes_t, nodes_g, res)
+    _at_bounds_only(pairs, without, env, res)
     if not pairs:
         res.note = "no template's region could be raced"
         return lower_only, res
