@@ -2,9 +2,9 @@
 schedule search on the resulting kernel plan, sharing one time budget.
 
 Level 1 (quick): exact rewrites (the rewrite package's SAFE rules), an e-graph holding the program and
-its lowered kernels as alternatives (extracted by the calibrated cost model: which to lower), the quantized
-matmul templates timed against the compiler's own kernels for the same nodes (template_race.py: a slower
-template is dropped), and a few knob settings per kernel.
+its lowered kernels as alternatives (extracted by the calibrated cost model: which to lower), the templates
+(quantized matmuls, streaming attention) timed against the compiler's own kernels for the same nodes
+(template_race.py: a slower template is dropped), and a few knob settings per kernel.
 Level 2 (thorough): the e-graph with exact and rounding rules and the lowered alternatives, the valid graph
 candidates compiled and timed (measured.py: the machine, not the model, has the last word), and a grid of
 knob settings.

@@ -6,7 +6,8 @@
 It reports the graph candidates (modelled cost, reference check, measured time at level 2), the rewrite
 rules that fired, the e-graph's saturation (windows, iterations, e-nodes, why it stopped) and its rules by
 matches, what changed in the program (node and op counts), the lowered kernels kept and dropped (by the
-cost model and by the template race) and the kernel schedules tried, with the measured time of the chosen
+cost model and by the template race, which names each attention region it raced with its times and the
+generated kernels it summed) and the kernel schedules tried, with the measured time of the chosen
 program against the heuristics' program.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ if TYPE_CHECKING:  # (types only: the report comes from search.driver)
     from .driver import SearchReport
 
 TOP_RULES = 8  # e-graph rules listed, by matches
+RACE_REGIONS = 8  # attention regions of the template race listed one by one
 
 
 def _report(what: Any) -> "SearchReport":
@@ -83,11 +85,38 @@ def _lowered(r) -> list[str]:
             k[0] += 1
             k[1] += int(d.chosen)
         out.append("lowered kernels: " + ", ".join(f"{kind} {c}/{n} chosen" for kind, (n, c) in kinds.items()))
-    if r.race is not None and r.race.times:
-        out.append(f"template race: {len(r.race.times)} raced, {len(r.race.dropped)} templates dropped for the "
-                   "generated kernel")
-    elif r.race is not None and r.race.note:
-        out.append(f"template race: {r.race.note}")
+    if r.race is not None:
+        out += _race(r.race)
+    return out
+
+
+def _race(race) -> list[str]:
+    """The template race: counts per kind, then each attention region by its kernel (the qmatmuls are many)."""
+    if not race.times:  # nothing timed: why, and which attention regions could not be raced
+        out = [f"template race: {race.note}"] if race.note else []
+        return out + [f"  attention k{nid}: not raced: {why}" for nid, why in race.skipped.items()
+                      if race.kinds.get(nid) == "attention"][:RACE_REGIONS]
+    kinds: dict[str, list[int]] = {}
+    for nid, kind in race.kinds.items():
+        k = kinds.setdefault(kind, [0, 0, 0])
+        k[0] += nid in race.times
+        k[1] += nid in race.dropped
+        k[2] += nid in race.skipped
+    per = "; ".join(f"{kind} {n} raced, {d} dropped" + (f", {s} not raced" if s else "")
+                    for kind, (n, d, s) in kinds.items())
+    out = [f"template race: {len(race.times)} raced, {len(race.dropped)} templates dropped for the generated "
+           f"kernels ({per})"]
+    regions = [nid for nid, kind in race.kinds.items() if kind == "attention"]
+    for nid in regions[:RACE_REGIONS]:
+        if nid not in race.times:
+            out.append(f"  attention k{nid}: not raced: {race.skipped.get(nid, '')}")
+            continue
+        t, g = race.times[nid]
+        generated = race.kernels[nid][1]
+        out.append(f"  attention k{nid}: template {_ms(t)}, generated {_ms(g)} over {len(generated)} kernels "
+                   f"({' '.join(generated)}): {'dropped' if nid in race.dropped else 'kept'}")
+    if len(regions) > RACE_REGIONS:
+        out.append(f"  ... and {len(regions) - RACE_REGIONS} more attention regions")
     return out
 
 

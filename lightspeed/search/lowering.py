@@ -91,7 +91,14 @@ def find_alternatives(program: Program) -> list[Alternative]:
     """Every lowered kernel kernel formation would form for ``program`` (with templates on), as
     alternatives; in the program's node order."""
     from ..kernel.fusion import Former
-    former = Former(program)  # the matchers run when it is built
+    return alternatives_of(Former(program))  # the matchers run when it is built
+
+
+def alternatives_of(former) -> list[Alternative]:
+    """The lowered kernels a ``kernel.fusion.Former`` matched (those its ``lower_only`` allows), as
+    alternatives; in its program's node order. The regions are the ones that former forms: which score
+    nodes are private to the attentions depends on which attentions it lowers."""
+    program = former.program
     found: list[Alternative] = []
     for q in former.quantized.values():
         stop = {q.x.id, q.raw.id}
