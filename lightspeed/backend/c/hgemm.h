@@ -8,7 +8,9 @@
  * Widening is exact (float16 and bfloat16 values are all floats), so every path multiplies the same values.
  * Up to LS_QG_FEW rows widen the weights in registers, each vector once for all rows, streaming the weight
  * rows with software prefetch. More rows widen a K chunk of up to LS_QG_RMAX weight rows into a float panel
- * and run qgemm.h's register-blocked micro-kernels over it. The portable form computes the same values. */
+ * and run qgemm.h's register-blocked micro-kernels over it. The portable form computes the same values.
+ * AVX-512 CPUs run these AVX2 kernels too (SmolLM2 requantized to f16 on an Ice Lake Xeon, 2 threads: a decode
+ * step 90-118 ms -> 18 ms, prefill 34 -> 353 tok/s against the portable form they ran before). */
 
 #define LS_HG_KC 768  /* most values in a K chunk (the panel holds LS_QG_RMAX rows of a chunk) */
 
@@ -22,7 +24,7 @@ static inline int64_t ls_hg_chunk(int64_t K) {
 static inline float ls_hg_f16(const uint16_t *p) { _Float16 h; memcpy(&h, p, 2); return (float)h; }
 static inline float ls_hg_bf16(const uint16_t *p) { return ls_bits_f32((uint32_t)*p << 16); }
 
-#if defined(LS_HAVE_QGEMM)
+#if defined(LS_HAVE_QGEMM_AVX2)
 /* 8 weights widened to floats: F16C for float16, a 16-bit shift for bfloat16 */
 #define LS_HG_W_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define LS_HG_W_BF16(p) \

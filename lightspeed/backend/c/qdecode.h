@@ -122,6 +122,16 @@ static inline float ls_hsum256(__m256 v) {
     s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
     return _mm_cvtss_f32(s);
 }
+/* vpshufb masks that put bytes 0-3 | 4-7 (or 8-11 | 12-15) of a 16-byte row held in both 128-bit lanes into
+ * the low byte of each 32-bit lane, zeroing the rest: in-lane shuffles, cheaper on Zen 3 than widening halves
+ * across lanes (vpmovzxbd from a register; one-row Q4_1 matmul 0.71x the time, eight rows 0.88x) */
+#define LS_BYTES_TO_DWORDS_0_7 _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, \
+    4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1)
+#define LS_BYTES_TO_DWORDS_8_15 _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, \
+    12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1)
+/* 8 signed / unsigned bytes widened to floats (also used by qgemm.h's AVX2 kernels on AVX-512 CPUs) */
+static inline __m256 ls_i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
+static inline __m256 ls_u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 /* a float16 field broadcast to 8 floats (two instructions where the scalar conversion takes four) */
 static inline __m256 ls_bcast8_f16(const uint8_t *p) {
 #if defined(__F16C__)
@@ -191,21 +201,12 @@ LS_QDOT_AVX512(ls_qdot_q4_1, LS_DEC_Q4_1, 20)
 
 #elif defined(__AVX2__) && defined(__FMA__)
 
-/* the same with 256-bit vectors: a block of 32 is four 8-float vectors */
-static inline __m256 ls_i8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-static inline __m256 ls_u8x8_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+/* the same with 256-bit vectors: a block of 32 is four 8-float vectors (ls_i8x8_ps, ls_u8x8_ps above) */
 
 /* A block's values before its scale d (q8_0: q; q4_0: nibble - 8; q4_1: nibble) */
 #define LS_VALS_Q8_0(b, v) do { \
     for (int i_ = 0; i_ < 4; i_++) v[i_] = ls_i8x8_ps(_mm_loadl_epi64((const __m128i *)((b) + 2 + 8 * i_))); \
 } while (0)
-/* vpshufb masks that put bytes 0-3 | 4-7 (or 8-11 | 12-15) of a 16-byte row held in both 128-bit lanes into
- * the low byte of each 32-bit lane, zeroing the rest: in-lane shuffles, cheaper on Zen 3 than widening halves
- * across lanes (vpmovzxbd from a register; one-row Q4_1 matmul 0.71x the time, eight rows 0.88x) */
-#define LS_BYTES_TO_DWORDS_0_7 _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1, \
-    4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1, -1, -1)
-#define LS_BYTES_TO_DWORDS_8_15 _mm256_setr_epi8(8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1, -1, -1, \
-    12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1, -1, -1)
 /* a block's 32 nibbles (16 bytes at q: element i < 16 is the low nibble of byte i, element 16 + i the high
  * one) minus OFF, as four 8-float vectors in element order */
 #define LS_NIBBLES8(q, v, OFF) do { \

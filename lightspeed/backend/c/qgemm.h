@@ -122,8 +122,15 @@ static inline void ls_qg_store(float *restrict out, const float *s, int nr, int 
     for (int j = 0; j < nr; j++) out[j] = first ? s[j] : out[j] + s[j];
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__)
+/* the kernels below: every format's float kernel on AVX2 CPUs (LS_HAVE_QGEMM); on AVX-512 CPUs they are the
+ * float kernel of the formats that have no AVX-512 one (q5_0, q4_k, q6_k: the renderer asks for
+ * LS_HAVE_QGEMM_AVX2 there). Gemma 3 270M Q4_K_M on an Ice Lake Xeon, 2 threads: a Q6_K 2048 x 640 matmul of one
+ * row took 1.9-3.1 ms through the per-block float decode it had before, the whole decode step 50 ms. */
+#define LS_HAVE_QGEMM_AVX2 1
+#if !defined(__AVX512F__)
 #define LS_HAVE_QGEMM 1
+#endif
 
 /* the 8-lane sums of four accumulators, in the order above, as one 4-lane vector */
 static inline __m128 ls_qg_sum4(__m256 a, __m256 b, __m256 c, __m256 d) {
@@ -382,9 +389,11 @@ static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x,
         } \
     } \
 }
+#if !defined(__AVX512F__)  /* (AVX-512 CPUs have their own kernels of these three: qdecode.h) */
 LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34, 0, ls_qg_st_none, LS_QG_PREP_NONE)
 LS_QG_KERNELS(ls_qgemm_q4_0, LS_QG_VALS_Q4_0, 18, 0, ls_qg_st_none, LS_QG_PREP_NONE)
 LS_QG_KERNELS(ls_qgemm_q4_1, LS_QG_VALS_Q4_1, 20, 0, ls_qg_st_none, LS_QG_PREP_NONE)
+#endif
 LS_QG_KERNELS(ls_qgemm_q5_0, LS_QG_VALS_Q5_0, 22, 0, ls_qg_st_none, LS_QG_PREP_NONE)
 LS_QG_KERNELS(ls_qgemm_q4_k, LS_QG_VALS_Q4_K, 144, 3, ls_qg_st_q4_k, ls_qg_prep_q4_k)
 LS_QG_KERNELS(ls_qgemm_q6_k, LS_QG_VALS_Q6_K, 210, 3, ls_qg_st_q6_k, ls_qg_prep_q6_k)

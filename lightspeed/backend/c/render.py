@@ -564,11 +564,10 @@ class KernelRenderer:
                           "#endif"]
             lines += quant_lines
         else:
-            generic = row_groups + self.qmm_generic_lines(decode, E, BB, nblk, row_bytes, K) + ["        }"]
             if q.qtype in GEMM_QTYPES:
-                lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines),
-                                                        generic)
+                lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines))
             else:
+                generic = row_groups + self.qmm_generic_lines(decode, E, BB, nblk, row_bytes, K) + ["        }"]
                 lines += quant_lines + ["#else"] + generic + ["#endif"] if quant_lines else generic
         lines += ["    }", "}"]
         return "\n".join(lines), call
@@ -619,16 +618,16 @@ class KernelRenderer:
         return "\n".join(lines), call
 
     @staticmethod
-    def qgemm_lines(q, tname: str, K: int, nblk: int, row_bytes: int, row_groups: list[str], elif_: bool,
-                    generic: list[str]) -> list[str]:
-        """Float activations: the register-blocked kernel of qgemm.h (AVX2), else (AVX-512) the row-group
-        kernel of qdecode.h (q8_0, q4_0, q4_1) or the ``generic`` lines (q5_0, q4_k, q6_k), else qgemm.h's
-        portable form; qgemm.h's kernels give a row the same bits alone and in any batch."""
+    def qgemm_lines(q, tname: str, K: int, nblk: int, row_bytes: int, row_groups: list[str], elif_: bool
+                    ) -> list[str]:
+        """Float activations: the register-blocked kernel of qgemm.h on AVX2, and on AVX-512 the row-group
+        kernel of qdecode.h for q8_0, q4_0 and q4_1 and qgemm.h's AVX2 kernel for q5_0, q4_k and q6_k (the
+        per-block float decode of ``qmm_generic_lines`` was 8-14x slower there), else qgemm.h's portable form;
+        qgemm.h's kernels give a row the same bits alone and in any batch."""
         args = f"(wraw + n0 * {row_bytes}LL, {row_bytes}, xs, M, {K}, n1 - n0, out + n0, N);"
-        if q.qtype not in QDOT_QTYPES:
-            return [f"#{'elif' if elif_ else 'if'} defined(LS_HAVE_QGEMM) && !defined(LS_PORTABLE)",
+        if q.qtype not in QDOT_QTYPES:  # no AVX-512 kernel of their own: qgemm.h's AVX2 one on AVX-512 too
+            return [f"#{'elif' if elif_ else 'if'} defined(LS_HAVE_QGEMM_AVX2) && !defined(LS_PORTABLE)",
                     f"        ls_qgemm_{tname}{args}",
-                    "#elif defined(__AVX512F__) && !defined(LS_PORTABLE)"] + generic + [
                     "#else",
                     f"        ls_qgemm_portable_{tname}{args}",
                     "#endif"]
