@@ -38,10 +38,8 @@ TILE = 16  # outputs accumulated at once by a tiled reduction
 SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
 QMM_L2_BYTES = 64 * 1024  # weight bytes per work item of a quantized matmul (re-read from L2 per row group)
 QMM_DECODE_BYTES = 16 * 1024  # ... when one row group is all there is (decode): small items balance the threads
-QMM_PREFETCH_BYTES = 4096  # software prefetch distance in the weight stream (LS_QMM_PREFETCH in qdecode.h)
 QMM_ROWS = 8  # activation rows per pass over a weight row (LS_QMM_ROWS in qdecode.h)
-GEMM_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1, QType.Q5_0, QType.Q4_K, QType.Q6_K)  # with qgemm.h's kernels
-QDOT_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1)  # ... and qdecode.h's row-group kernels (AVX-512)
+QDOT_QTYPES = (QType.Q8_0, QType.Q4_0, QType.Q4_1)  # with qdecode.h's row-group kernels (AVX-512)
 ROW_BLOCK = 4  # rows accumulated at once by a tiled reduction (register blocking)
 
 # --- lowered kernels (search hook): schedule name -> function (renderer, kernel) -> (function, launch)
@@ -503,7 +501,6 @@ class KernelRenderer:
         nblk = K // E
         row_bytes = nblk * BB
         tname = TEMPLATE_QTYPES[q.qtype]
-        decode = f"ls_dq_{tname}"
         x_buf, raw_buf = k.template_reads
         quant_lines, quantize = [], ""
 
@@ -557,18 +554,13 @@ class KernelRenderer:
                                                f"{self.buf(raw_buf)};", x_buf, quantize,
                                                group=16 if k.scratch and q.activations == "int16" else 1)
         if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
-            if q.qtype in GEMM_QTYPES:  # ... except "auto" on AVX2: a call of many rows takes qgemm.h's
-                lines += ["#if defined(LS_AUTO_QGEMM)",
-                          f"        if (M > LS_QUANT_ROWS_MAX) {{ ls_qgemm_{tname}(wraw + n0 * {row_bytes}LL, "
-                          f"{row_bytes}, xs, M, {K}, n1 - n0, out + n0, N); continue; }}",
-                          "#endif"]
-            lines += quant_lines
-        else:
-            if q.qtype in GEMM_QTYPES:
-                lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines))
-            else:
-                generic = row_groups + self.qmm_generic_lines(decode, E, BB, nblk, row_bytes, K) + ["        }"]
-                lines += quant_lines + ["#else"] + generic + ["#endif"] if quant_lines else generic
+            # ... except "auto" on AVX2: a call of many rows takes qgemm.h's float kernel
+            lines += ["#if defined(LS_AUTO_QGEMM)",
+                      f"        if (M > LS_QUANT_ROWS_MAX) {{ ls_qgemm_{tname}(wraw + n0 * {row_bytes}LL, "
+                      f"{row_bytes}, xs, M, {K}, n1 - n0, out + n0, N); continue; }}",
+                      "#endif"] + quant_lines
+        else:  # every template format has qgemm.h's kernels
+            lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines))
         lines += ["    }", "}"]
         return "\n".join(lines), call
 
@@ -622,7 +614,7 @@ class KernelRenderer:
                     ) -> list[str]:
         """Float activations: the register-blocked kernel of qgemm.h on AVX2, and on AVX-512 the row-group
         kernel of qdecode.h for q8_0, q4_0 and q4_1 and qgemm.h's AVX2 kernel for q5_0, q4_k and q6_k (the
-        per-block float decode of ``qmm_generic_lines`` was 8-14x slower there), else qgemm.h's portable form;
+        per-block float decode they had before was 8-14x slower there), else qgemm.h's portable form;
         qgemm.h's kernels give a row the same bits alone and in any batch."""
         args = f"(wraw + n0 * {row_bytes}LL, {row_bytes}, xs, M, {K}, n1 - n0, out + n0, N);"
         if q.qtype not in QDOT_QTYPES:  # no AVX-512 kernel of their own: qgemm.h's AVX2 one on AVX-512 too
@@ -645,42 +637,6 @@ class KernelRenderer:
             "#else",
             f"        ls_qgemm_portable_{tname}{args}",
             "#endif"]
-
-    @staticmethod
-    def qmm_generic_lines(decode: str, E: int, BB: int, nblk: int, row_bytes: int, K: int) -> list[str]:
-        """The other formats (q5_0, q4_k, q6_k): each block decoded once per row group into a float buffer."""
-        return [
-            "            for (int64_t n = n0; n < n1; n++) {",
-            f"                const uint8_t *wrow = wraw + n * {row_bytes}LL;",
-            f"                float acc[{QMM_ROWS}][32];",
-            f"                for (int ii = 0; ii < {QMM_ROWS}; ii++) for (int l = 0; l < 32; l++) acc[ii][l] = 0.0f;",
-            f"                for (int64_t b = 0; b < {nblk}; b++) {{",
-            f"                    __builtin_prefetch(wrow + b * {BB} + {QMM_PREFETCH_BYTES}, 0, 3);",
-            f"                    float w[{E}];",
-            f"                    {decode}(wrow + b * {BB}, w);",
-            "                    if (mr == 1) {",
-            f"                        const float *xr = xs + m0 * {K}LL + b * {E};",
-            f"                        for (int c = 0; c < {E // 32}; c++) {{",
-            "                            _Pragma(\"omp simd\")",
-            "                            for (int l = 0; l < 32; l++) acc[0][l] += w[32 * c + l] * xr[32 * c + l];",
-            "                        }",
-            "                    } else {",
-            "                        for (int64_t ii = 0; ii < mr; ii++) {",
-            f"                            const float *xr = xs + (m0 + ii) * {K}LL + b * {E};",
-            f"                            for (int c = 0; c < {E // 32}; c++) {{",
-            "                                _Pragma(\"omp simd\")",
-            "                                for (int l = 0; l < 32; l++) "
-            "acc[ii][l] += w[32 * c + l] * xr[32 * c + l];",
-            "                            }",
-            "                        }",
-            "                    }",
-            "                }",
-            "                for (int64_t ii = 0; ii < mr; ii++) {",
-            "                    float s = 0.0f;",
-            "                    for (int l = 0; l < 32; l++) s += acc[ii][l];",
-            "                    out[(m0 + ii) * N + n] = s;",
-            "                }",
-            "            }"]
 
     def work_per_item(self, x: ir.IR) -> sym.sint:
         if isinstance(x, ir.Reduce):
