@@ -194,7 +194,7 @@ def load(path: "str | os.PathLike[str] | None" = None, *, ctx: int | None = None
     with _stages(["loading weights", "compiling"], progress) as advance:
         t0 = time.perf_counter()
         lm = load_model(path)
-        if quant:  # lightspeed.requant (bench/quantize engineer): weights re-encoded before compiling
+        if quant:  # lightspeed.requant: weights re-encoded before compiling
             from .requant import requantize_model
             requantize_model(lm, quant)
         load_seconds = time.perf_counter() - t0
