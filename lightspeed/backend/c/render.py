@@ -32,7 +32,7 @@ from .matvec import blocked_form, render_matvec
 from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
-                  for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qamx.h", "qvnni.h", "qgemm.h", "hgemm.h"))
+                  for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qdot16x4.h", "qamx.h", "qvnni.h", "qgemm.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
@@ -521,8 +521,13 @@ class KernelRenderer:
             # int16 there: 16 at a time (qdot16x16.h), all of the item's rows
             wide = ("LS_HAVE_QDOT8X2", "ls_qdot8x2") if mode == "int8" else (f"LS_HAVE_QDOT16X16_{tname}",
                                                                              "ls_qdot16x16")
+            # int16 on AVX2 without AVX-512: four at a time for one or two activation rows (qdot16x4.h)
+            narrow = [] if mode == "int8" else [
+                f"#elif defined(LS_HAVE_QDOT16X4_{tname})",
+                f"            n += ls_qdot16x4_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}"]
             pairs = ["            int64_t n = n0;", f"#if defined({wide[0]})",
                      f"            n += {wide[1]}_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}",
+                     *narrow,
                      "#endif",
                      "            for (; n < n1; n++)"]
             # "auto" on AMX: a long call's first rows & ~15 on bfloat16 tiles (qamx.h), the rest as below (every
