@@ -83,3 +83,44 @@ def test_every_avx2_cpu_builds_the_four_row_kernels() -> None:
         compile_shared(source + guard, flags=FORCED_OFF)
     with pytest.raises(CompilerError):  # q8_0 keeps its per-row kernel by default
         compile_shared(source + q8_guard, flags=AVX2)
+
+
+@needs_avx2
+@pytest.mark.parametrize("n", [4, 7, 37])
+def test_q5_0_four_rows_give_the_one_row_kernels_bits(n: int) -> None:
+    """q5_0 takes int16 activations for calls of up to 8 rows (qdot16x4.h's q5_0 section), on AVX-512 CPUs too."""
+    rng = np.random.default_rng(500 + n)
+    k = 18 * 32
+    g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
+    four = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    one = g.compile([y], backend="c", activations="int16", flags=default_flags() + ["-DLS_NO_QDOT16X4"],
+                    plan_cache=False)
+    for m in (1, 2, 3):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        np.testing.assert_array_equal(four(x=xv)[0], one(x=xv)[0])
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
+def test_q5_0_quantizes_few_rows_and_keeps_long_calls_float(portable: bool) -> None:
+    """Calls of at most 8 rows run int16 (within its rounding of the exact product, not float's bits); longer
+    ones give float activations' bits exactly; "int8" leaves q5_0 float; the portable form has the SIMD bits."""
+    rng = np.random.default_rng(600)
+    k, n = 18 * 32, 21
+    g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
+    ref = g.compile([y], backend="reference")
+    i16 = g.compile([y], backend="c", activations="int16", portable=portable, plan_cache=False)
+    flt = g.compile([y], backend="c", activations="float", portable=portable, plan_cache=False)
+    assert [bool(kk.scratch) for kk in i16.executor.plan.kernels if kk.kind == "qmatmul"] == [True]
+    i8 = g.compile([y], backend="c", activations="int8", plan_cache=False)
+    assert [bool(kk.scratch) for kk in i8.executor.plan.kernels if kk.kind == "qmatmul"] == [False]
+    simd = g.compile([y], backend="c", activations="int16", plan_cache=False) if portable else i16
+    for m in (1, 3, 8, 9, 13):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        (want,) = ref(x=xv)
+        (a,) = i16(x=xv)
+        if m <= 8:
+            assert not np.array_equal(a, flt(x=xv)[0])
+            assert rel_err(a, want) < 1e-3
+        else:
+            np.testing.assert_array_equal(a, flt(x=xv)[0])
+        np.testing.assert_array_equal(a, simd(x=xv)[0])

@@ -21,8 +21,8 @@ from ..symbolic import sint
 from . import ir
 from .ir import coefficient, dense_offset, loop_var
 from .matmul_form import match_matmul
-from .quantized import (QUANT_ACT_QTYPES, QuantizedMatmul, activation_mode, activation_scratch_layout,
-                        match_quantized_matmul)
+from .quantized import (QuantizedMatmul, activation_mode, activation_scratch_layout, match_quantized_matmul,
+                        quantized_rows_bound, quantizes_activations)
 
 # --- lowered kernels (search hook): functions (Former) -> objects with ``node``, ``inlined`` (node ids only
 # the lowered kernel reads: never materialised), ``forced`` (node ids it needs as buffers) and
@@ -401,13 +401,13 @@ class Former:
             return [write] if copy is None else [copy, write]
         if n.id in self.quantized:
             q = self.quantized[n.id]
-            quantize = self.activations != "float" and q.qtype in QUANT_ACT_QTYPES
+            quantize = quantizes_activations(q.qtype, self.activations)
             if quantize:
                 q = replace(q, activations=self.activations)
             kern = ir.Kernel(name, buf, n.shape, vars_, ir.Const(0, n.dtype), "qmatmul", template=q,
                              template_reads=[self.buffers[q.x.id], self.buffers[q.raw.id]])
             if quantize:
-                rows = max(sym.upper_bound(q.rows), 1)
+                rows = quantized_rows_bound(q.qtype, sym.upper_bound(q.rows))
                 kern.scratch = [ir.Buffer("temp", dt.uint8, (), f"xq{n.id}",
                                           nbytes=activation_scratch_layout(rows, q.in_features, q.activations)[-1])]
             return [kern]

@@ -23,6 +23,21 @@ from ..quant import QType
 ACTIVATION_MODES = ("float", "int16", "int8")
 # weight types whose matmul can run with quantized activations (the others keep float activations)
 QUANT_ACT_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
+# ... and those that take int16 activations in calls of at most FEW_ROWS_QUANTIZED rows only (decode, batched
+# decode), longer calls keeping float activations: they have per-row int16 kernels but no wide ones
+FEW_ROWS_INT16_QTYPES = {QType.Q5_0}
+FEW_ROWS_QUANTIZED = 8  # LS_QMM_ROWS in the C backend's qdecode.h
+
+
+def quantizes_activations(qtype: QType, mode: str) -> bool:
+    """Whether a matmul of ``qtype`` weights quantizes its activations in activation mode ``mode``."""
+    return mode != "float" and (qtype in QUANT_ACT_QTYPES or (mode == "int16" and qtype in FEW_ROWS_INT16_QTYPES))
+
+
+def quantized_rows_bound(qtype: QType, rows: int) -> int:
+    """The most activation rows a call of at most ``rows`` rows quantizes (its scratch's size)."""
+    rows = max(int(rows), 1)
+    return min(rows, FEW_ROWS_QUANTIZED) if qtype in FEW_ROWS_INT16_QTYPES else rows
 
 
 def activation_mode(activations: str = "float", int8_activations: bool = False) -> str:

@@ -17,14 +17,19 @@
  * memory bandwidth (14.5 GB/s), and four rows read side by side, 612 bytes apart, defeat the hardware
  * prefetcher (9.5-10.6 GB/s whatever the software prefetch; faster only in cache, 23.7 against 19.4 GB/s).
  * -DLS_NO_QDOT16X4 (or LS_PORTABLE) keeps qdecode.h's kernel everywhere. */
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !(defined(__AVX512F__) && defined(__AVX512BW__)) \
-    && !defined(LS_PORTABLE) && !defined(LS_NO_QDOT16X4)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(LS_PORTABLE)
+#define LS_HAVE_QDOT16_AVX2 1
+#endif
+#if defined(LS_HAVE_QDOT16_AVX2) && !(defined(__AVX512F__) && defined(__AVX512BW__)) && !defined(LS_NO_QDOT16X4)
 #define LS_HAVE_QDOT16X4 1
 #if defined(LS_QDOT16X4_Q8_0)
 #define LS_HAVE_QDOT16X4_q8_0 1
 #endif
 #define LS_HAVE_QDOT16X4_q4_0 1
 #define LS_HAVE_QDOT16X4_q4_1 1
+#endif
+
+#if defined(LS_HAVE_QDOT16_AVX2)
 
 /* a block's 32 weights as two vectors of 16 int16, the values of qdecode.h's LS_W16_* (elements 0-15, 16-31):
  * q4 bytes widened first, then the low nibble masked and the high one shifted down (3 operations, not 5) */
@@ -115,6 +120,94 @@ static inline int64_t NAME(const uint8_t *restrict w, int64_t rb, int64_t n, con
 #if defined(LS_HAVE_QDOT16X4_q8_0)
 LS_QDOT16X4_GROUP(ls_qdot16x4_q8_0, 34, LS_W4_Q8_0, 0)
 #endif
+#if defined(LS_HAVE_QDOT16X4)
 LS_QDOT16X4_GROUP(ls_qdot16x4_q4_0, 18, LS_W4_Q4_0, 0)
 LS_QDOT16X4_GROUP(ls_qdot16x4_q4_1, 20, LS_W4_Q4_1, 1)
+#endif
+#endif
+
+/* ---- q5_0 with int16 activations, for calls of at most LS_QMM_ROWS activation rows (decode, batched decode;
+ * longer calls run qgemm.h's float kernel, which the renderer branches to). A weight is (nibble | high bit << 4)
+ * - 16, exact in int16, so the products are exact integers as for the other formats. Here every build has the
+ * one-row kernel ls_qdot16_q5_0 (AVX2 wherever AVX2, FMA and F16C are, AVX-512 CPUs included, where no wider
+ * kernel of this format exists; else a portable form with the same arithmetic order per lane group) and, on
+ * AVX2, the four-row kernel ls_qdot16x4_q5_0 with the same bits (LS_NO_QDOT16X4 switches that off). */
+#if defined(LS_QUANT_ROWS_MAX) && LS_QUANT_ROWS_MAX < LS_QMM_ROWS
+#error q5_0 quantizes calls of up to LS_QMM_ROWS rows: LS_QUANT_ROWS_MAX must not be lower
+#endif
+#define LS_SPLIT16_q5_0 0
+#if defined(LS_HAVE_QDOT16_AVX2)
+/* the 32 weights of a q5_0 block at p as two vectors of 16 int16: the nibbles, plus -16 where the high bit
+ * (bit i of qh for element i) is clear */
+#define LS_W4_Q5_0(p, lo, hi) do { \
+    const __m256i b_ = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((p) + 6))); \
+    uint32_t qh_; memcpy(&qh_, (p) + 2, 4); \
+    const __m256i bit_ = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, \
+                                           -32768); \
+    const __m256i hl_ = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh_ & 0xffffu)), bit_), bit_); \
+    const __m256i hh_ = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh_ >> 16)), bit_), bit_); \
+    lo = _mm256_add_epi16(_mm256_and_si256(b_, _mm256_set1_epi16(15)), \
+                          _mm256_andnot_si256(hl_, _mm256_set1_epi16(-16))); \
+    hi = _mm256_add_epi16(_mm256_srli_epi16(b_, 4), _mm256_andnot_si256(hh_, _mm256_set1_epi16(-16))); \
+} while (0)
+/* one weight row against up to LS_QMM_ROWS activation rows: qdecode.h's AVX2 int16 kernel for this format */
+static inline __attribute__((always_inline)) void ls_qdot16_q5_0_rows(const uint8_t *restrict w,
+        const int16_t *restrict xq, const float *restrict xd, int64_t K, int64_t nblk, float *restrict out,
+        int64_t ostride, const int MR) {
+    __m256 acc[LS_QMM_ROWS];
+    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nblk; b++) {
+        const uint8_t *blk = w + b * 22;
+        LS_PF(blk + LS_QMM_PREFETCH, 0, 3);
+        __m256i wa, wb; LS_W4_Q5_0(blk, wa, wb);
+        const __m256 dw = ls_bcast8_f16(blk);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < MR; r++) {
+            const int16_t *xr = xq + r * K + 32 * b;
+            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wa, _mm256_loadu_si256((const __m256i *)xr)),
+                                               _mm256_madd_epi16(wb, _mm256_loadu_si256((const __m256i *)(xr + 16))));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd + r * nblk + b)),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++) out[r * ostride] = ls_hsum256(acc[r]);
+}
+static inline void ls_qdot16_q5_0(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd,
+                                  const float *restrict xs, int64_t K, int64_t nblk, int64_t mr,
+                                  float *restrict out, int64_t ostride) {
+    (void)xs;
+    LS_QMM_DISPATCH(ls_qdot16_q5_0_rows, w, xq, xd, K, nblk, out, ostride);
+}
+#if !defined(LS_NO_QDOT16X4)
+#define LS_HAVE_QDOT16X4_q5_0 1
+LS_QDOT16X4_GROUP(ls_qdot16x4_q5_0, 22, LS_W4_Q5_0, 0)
+#endif
+#else
+/* portable: the same products in the same order per row as the AVX2 kernel's 8 lanes (lane l sums the pairs
+ * 2l, 2l+1 of each half-block, the lanes then summed as ls_hsum256 does), so both give the same bits */
+static inline void ls_qdot16_q5_0(const uint8_t *restrict w, const int16_t *restrict xq, const float *restrict xd,
+                                  const float *restrict xs, int64_t K, int64_t nblk, int64_t mr,
+                                  float *restrict out, int64_t ostride) {
+    (void)xs;
+    for (int64_t r = 0; r < mr; r++) {
+        float acc[8] = {0};
+        for (int64_t b = 0; b < nblk; b++) {
+            const uint8_t *blk = w + b * 22;
+            uint32_t qh; memcpy(&qh, blk + 2, 4);
+            int32_t v[32];
+            for (int i = 0; i < 16; i++) {
+                v[i] = (int32_t)((blk[6 + i] & 15) | (((qh >> i) & 1u) << 4)) - 16;
+                v[i + 16] = (int32_t)((blk[6 + i] >> 4) | (((qh >> (i + 16)) & 1u) << 4)) - 16;
+            }
+            const int16_t *xr = xq + r * K + 32 * b;
+            const float sc = ls_f16(blk) * xd[r * nblk + b];
+            for (int l = 0; l < 8; l++) {
+                const int32_t p = v[2 * l] * xr[2 * l] + v[2 * l + 1] * xr[2 * l + 1]
+                                  + v[16 + 2 * l] * xr[16 + 2 * l] + v[17 + 2 * l] * xr[17 + 2 * l];
+                acc[l] = fmaf((float)p, sc, acc[l]);
+            }
+        }
+        out[r * ostride] = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    }
+}
 #endif

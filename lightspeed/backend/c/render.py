@@ -21,7 +21,8 @@ from ...kernel.fusion import KernelPlan
 from ...kernel.ir import dense_offset, loop_var
 from ...kernel.heuristics import Target, gemm_schedule
 from ...kernel.matmul_form import match_matmul
-from ...kernel.quantized import HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout
+from ...kernel.quantized import (FEW_ROWS_INT16_QTYPES, HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout,
+                                 quantized_rows_bound)
 from ...quant import QType, block_format
 from ...ops import Op
 from .cse import Cse, is_node, sym_c
@@ -511,7 +512,10 @@ class KernelRenderer:
         row_groups = row_groups_from(0)
         if k.scratch:  # quantized activations (int8 or int16), quantized once per call by the launcher
             mode = q.activations
-            d_off, s_off, _ = activation_scratch_layout(max(sym.upper_bound(q.rows), 1), K, mode)
+            # q5_0: int16 for calls of at most QMM_ROWS rows, longer ones float (below); its scratch holds those
+            few_only = q.qtype in FEW_ROWS_INT16_QTYPES
+            d_off, s_off, _ = activation_scratch_layout(quantized_rows_bound(q.qtype, sym.upper_bound(q.rows)), K,
+                                                        mode)
             sc = self.buf(k.scratch[0])
             # int8 has SIMD kernels only (elsewhere the float path below runs); int16 has a portable form too
             guard = ["#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)"] if mode == "int8" else []
@@ -532,8 +536,8 @@ class KernelRenderer:
                      "#endif",
                      "            for (; n < n1; n++)"]
             # "auto" on AMX: a long call's first rows & ~15 on bfloat16 tiles (qamx.h), the rest as below (every
-            # format with int16 activations has a tile kernel: they are QUANT_ACT_QTYPES)
-            tiles = mode == "int16"
+            # format of QUANT_ACT_QTYPES has a tile kernel; q5_0's long calls are float)
+            tiles = mode == "int16" and not few_only
             first = ["#if defined(LS_HAVE_QAMX)",
                      "        const int64_t m_tiles = ls_qamx_rows(M);",
                      f"        if (m_tiles > 0) ls_qamx_{tname}(wraw + n0 * {row_bytes}LL, {row_bytes}, n1 - n0, "
@@ -555,11 +559,17 @@ class KernelRenderer:
             if tiles:  # after the int16 scratch is written: the tile rows' bfloat16 over the start of it
                 quantize += (f"\n#if defined(LS_HAVE_QAMX)\n      ls_qamx_prepare((const float *){lp}->p[{x_i}], M, "
                              f"{K}, (int16_t *){lp}->p[{s_i}]);\n#endif")
+            if few_only:
+                quantize = f"      if (M <= {QMM_ROWS})\n{quantize}"
             quantize = "\n".join([""] + guard + [quantize] + (["#endif", ""] if guard else [""]))
         lines, call = self._weight_rows_kernel(k, row_bytes, f"const uint8_t *restrict wraw = (const uint8_t *)"
                                                f"{self.buf(raw_buf)};", x_buf, quantize,
                                                group=16 if k.scratch and q.activations == "int16" else 1)
-        if k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
+        if k.scratch and q.qtype in FEW_ROWS_INT16_QTYPES:  # a long call: float activations, qgemm.h's kernel
+            lines += [f"        if (M > {QMM_ROWS}) {{"]
+            lines += ["    " + ln for ln in self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, False)]
+            lines += ["            continue;", "        }"] + quant_lines
+        elif k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
             # ... except "auto" on AVX2: a call of many rows takes qgemm.h's float kernel
             lines += ["#if defined(LS_AUTO_QGEMM)",
                       f"        if (M > LS_QUANT_ROWS_MAX) {{ ls_qgemm_{tname}(wraw + n0 * {row_bytes}LL, "
