@@ -1,6 +1,8 @@
 """Quantized matmul kernel: the matrices of one SmolLM2-135M decode step (30 layers of q/k/v/o/gate/up/down
 plus the 49152x576 logits), random GGUF blocks, run for 1 to 8 activation rows (decode, batched decode)
-and more (prefill), with float, int8 or int16 activations.
+and more (prefill), with float, int8 or int16 activations. ``--shapes gemma``: Gemma 3 270M's matrices (18
+layers, hidden 640, FFN 2048, 4 x 256 query and 256 key/value features, no logits), of which the K-quants
+(q4_k, q6_k: 256-element super-blocks) take those whose input size is a multiple of 256 (o and down).
 
 Times are the kernels' own (backend option profile=True), so Python call overhead is excluded; the
 weights (about 143 MB at Q8_0) exceed the last-level cache, so one row measures the weight stream.
@@ -10,6 +12,7 @@ and the time relative to one row. Machines here are shared and noisy: compare ra
     python benchmarks/qmatmul.py [--quant q8_0] [--rows 1,2,4,8,64] [--layers 30] [--runs 10] [--threads N] [--json]
     python benchmarks/qmatmul.py --activations int8 --rows 1,2,4,8 --ab LS_NO_VNNI   # A/B: VNNI on, off
     python benchmarks/qmatmul.py --quant q4_1 --activations int16 --rows 1,2,4,8 --ab LS_NO_QDOT16X16
+    python benchmarks/qmatmul.py --shapes gemma --quant q4_k --activations float,int16 --rows 1,2,8,64
 
 ``--ab MACRO`` also compiles each program with ``-DMACRO`` added to the default flags and times both in
 the same runs, interleaved, printing the time with the macro over the time without.
@@ -27,9 +30,18 @@ from lightspeed.backend.c import default_flags, set_num_threads
 from lightspeed.quant import QType, block_format
 from lightspeed.quant.decode_graph import dequant_matrix_graph
 
-HIDDEN, FFN, KV, VOCAB = 576, 1536, 192, 49152
-LAYER = [("q", HIDDEN, HIDDEN), ("k", KV, HIDDEN), ("v", KV, HIDDEN), ("o", HIDDEN, HIDDEN),
-         ("gate", FFN, HIDDEN), ("up", FFN, HIDDEN), ("down", HIDDEN, FFN)]  # (name, out, in)
+# (hidden, FFN, query features, key/value features, vocabulary or 0 for no logits, layers)
+SHAPES = {"smollm2": (576, 1536, 576, 192, 49152, 30), "gemma": (640, 2048, 1024, 256, 0, 18)}
+# byte offsets of each format's float16 scale fields (kept finite and small)
+SCALE_FIELDS = {QType.Q8_0: [0], QType.Q4_0: [0], QType.Q4_1: [0, 2], QType.Q5_0: [0], QType.Q4_K: [0, 2],
+                QType.Q6_K: [208]}
+
+
+def layer_matrices(shapes: str) -> list[tuple[str, int, int]]:
+    """(name, out, in) of one layer's matrices."""
+    hidden, ffn, q, kv, _, _ = SHAPES[shapes]
+    return [("q", q, hidden), ("k", kv, hidden), ("v", kv, hidden), ("o", hidden, q),
+            ("gate", ffn, hidden), ("up", ffn, hidden), ("down", hidden, ffn)]
 
 
 def random_blocks(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -37,33 +49,39 @@ def random_blocks(qtype: QType, rows: int, k: int, rng: np.random.Generator) -> 
     fmt = block_format(qtype)
     nb = k // fmt.block_elems
     raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
-    for off in {QType.Q8_0: [0], QType.Q4_0: [0], QType.Q4_1: [0, 2]}[qtype]:
+    for off in SCALE_FIELDS[qtype]:
         d = rng.uniform(-0.05, 0.05, (rows, nb)).astype(np.float16)
         raw[:, :, off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, nb * fmt.block_bytes)
 
 
-def build(qtype: QType, layers: int, rng: np.random.Generator) -> tuple[ls.Graph, list, int]:
+def build(qtype: QType, layers: int, rng: np.random.Generator, shapes: str = "smollm2"
+          ) -> tuple[ls.Graph, list, int]:
     g = ls.Graph()
     seq = ls.dim("seq", 1, 512)
-    x, h = g.input("x", (seq, HIDDEN)), g.input("h", (seq, FFN))
+    hidden, _, _, _, vocab, _ = SHAPES[shapes]
+    elems = block_format(qtype).block_elems
+    mats = [(n, k) for _ in range(layers) for _, n, k in layer_matrices(shapes) if k % elems == 0]
+    if vocab and hidden % elems == 0:
+        mats.append((vocab, hidden))
+    if not mats:
+        raise SystemExit(f"{qtype.name}: no matrix of the {shapes} shapes has an input size divisible by {elems}")
+    inputs = {k: g.input(f"x{k}", (seq, k)) for k in sorted({k for _, k in mats})}
     outs, nbytes = [], 0
-    for _ in range(layers):
-        for _, n, k in LAYER:
-            raw = random_blocks(qtype, n, k, rng)
-            nbytes += raw.nbytes
-            outs.append((h if k == FFN else x).linear(dequant_matrix_graph(g.constant(raw), qtype)))
-    raw = random_blocks(qtype, VOCAB, HIDDEN, rng)
-    nbytes += raw.nbytes
-    outs.append(x.linear(dequant_matrix_graph(g.constant(raw), qtype)))
+    for n, k in mats:
+        raw = random_blocks(qtype, n, k, rng)
+        nbytes += raw.nbytes
+        outs.append(inputs[k].linear(dequant_matrix_graph(g.constant(raw), qtype)))
     return g, outs, nbytes
 
 
-def run(quant: str, rows: list[int], layers: int, runs: int, activations: str, ab: str | None = None) -> list[dict]:
+def run(quant: str, rows: list[int], layers: int | None, runs: int, activations: str, ab: str | None = None,
+        shapes: str = "smollm2") -> list[dict]:
     """One result per program: the default build, then (``ab``) the build with ``-D<ab>``."""
     qtype = QType[quant.upper()]
     rng = np.random.default_rng(0)
-    g, outs, nbytes = build(qtype, layers, rng)
+    g, outs, nbytes = build(qtype, SHAPES[shapes][-1] if layers is None else layers, rng, shapes)
+    sizes = sorted(int(name[1:]) for name in g.inputs)
     variants = [("", None)] + ([(ab, default_flags() + [f"-D{ab}"])] if ab else [])
     progs = [g.compile(outs, backend="c", profile=True, activations=activations, flags=f) for _, f in variants]
     for prog in progs:
@@ -71,8 +89,7 @@ def run(quant: str, rows: list[int], layers: int, runs: int, activations: str, a
     times = [{m: [] for m in rows} for _ in progs]
     for _ in range(runs):
         for m in rows:  # interleaved, so that a noisy moment hits every row count (and variant) alike
-            feed = {"x": rng.standard_normal((m, HIDDEN), dtype=np.float32),
-                    "h": rng.standard_normal((m, FFN), dtype=np.float32)}
+            feed = {f"x{k}": rng.standard_normal((m, k), dtype=np.float32) for k in sizes}
             for prog, t in zip(progs, times):
                 ex = prog.executor
                 prog(**feed)
@@ -82,7 +99,7 @@ def run(quant: str, rows: list[int], layers: int, runs: int, activations: str, a
     results = []
     for (macro, _), tv in zip(variants, times):
         base = min(tv[rows[0]])
-        res = {"quant": quant, "activations": activations, "weight_bytes": nbytes,
+        res = {"quant": quant, "shapes": shapes, "activations": activations, "weight_bytes": nbytes,
                "defines": [macro] if macro else [], "rows": {}}
         for m in rows:
             best, med = min(tv[m]), statistics.median(tv[m])
@@ -97,9 +114,10 @@ def run(quant: str, rows: list[int], layers: int, runs: int, activations: str, a
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quant", default="q8_0", choices=["q8_0", "q4_0", "q4_1"])
+    ap.add_argument("--quant", default="q8_0", choices=["q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q6_k"])
+    ap.add_argument("--shapes", default="smollm2", choices=sorted(SHAPES), help="whose matrices (default SmolLM2)")
     ap.add_argument("--rows", default="1,2,4,8,64", help="activation row counts (the first is the reference)")
-    ap.add_argument("--layers", type=int, default=30)
+    ap.add_argument("--layers", type=int, help="layers (default: the model's)")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--activations", default="float,int8", help="float, int8, int16 or several, comma-separated")
     ap.add_argument("--threads", type=int, help="threads of the C backend (default: all cores)")
@@ -110,7 +128,7 @@ def main() -> None:
     if a.threads:
         set_num_threads(a.threads)
     results = [r for act in a.activations.split(",")
-               for r in run(a.quant, rows, a.layers, a.runs, act, a.ab)]
+               for r in run(a.quant, rows, a.layers, a.runs, act, a.ab, a.shapes)]
     if a.json:
         print(json.dumps(results, indent=1))
         return
