@@ -40,8 +40,8 @@ def check_backend(backend: str) -> None:
 def add_activations_argument(p: argparse.ArgumentParser) -> None:
     """``--activations`` (and its older spelling ``--int8-activations``) for generate, bench and serve."""
     p.add_argument("--activations", default="auto", choices=["auto", "float", "int16", "int8"],
-                   help="how the quantized matmuls (Q8_0/Q4_0/Q4_1; Q5_0 in calls of up to 8 rows with int16) take "
-                        "activations: auto (default: by the CPU, "
+                   help="how the quantized matmuls (Q8_0/Q4_0/Q4_1; Q5_0/Q4_K/Q6_K in calls of up to 8 rows "
+                        "with int16) take activations: auto (default: by the CPU, "
                         "see the README), float (reproduces a float reference), int16 (quantized per "
                         "block of 32: faster, ~2e-5 error per product) or "
                         "int8 (as llama.cpp does: faster still, ~0.5%% error per product, so greedy output can "

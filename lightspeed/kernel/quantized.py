@@ -25,7 +25,7 @@ ACTIVATION_MODES = ("float", "int16", "int8")
 QUANT_ACT_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
 # ... and those that take int16 activations in calls of at most FEW_ROWS_QUANTIZED rows only (decode, batched
 # decode), longer calls keeping float activations: they have per-row int16 kernels but no wide ones
-FEW_ROWS_INT16_QTYPES = {QType.Q5_0}
+FEW_ROWS_INT16_QTYPES = {QType.Q5_0, QType.Q4_K, QType.Q6_K}
 FEW_ROWS_QUANTIZED = 8  # LS_QMM_ROWS in the C backend's qdecode.h
 
 

@@ -34,7 +34,7 @@ from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
                   for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qdot16x4.h", "qamx.h", "qvnni.h", "qgemm.h",
-                            "hgemm.h"))
+                            "qdot16k.h", "hgemm.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
@@ -505,6 +505,8 @@ class KernelRenderer:
         tname = TEMPLATE_QTYPES[q.qtype]
         x_buf, raw_buf = k.template_reads
         quant_lines, quantize = [], ""
+        short_only = q.qtype in FEW_ROWS_INT16_QTYPES  # int16 in short calls only, by per-row kernels
+        mode16 = q.activations == "int16"
 
         def row_groups_from(start) -> list[str]:  # the loop over groups of QMM_ROWS activation rows
             return [f"        for (int64_t m0 = {start}; m0 < M; m0 += {QMM_ROWS}) {{",
@@ -512,16 +514,17 @@ class KernelRenderer:
         row_groups = row_groups_from(0)
         if k.scratch:  # quantized activations (int8 or int16), quantized once per call by the launcher
             mode = q.activations
-            # q5_0: int16 for calls of at most QMM_ROWS rows, longer ones float (below); its scratch holds those
-            few_only = q.qtype in FEW_ROWS_INT16_QTYPES
+            # q5_0, q4_k, q6_k: int16 for calls of at most QMM_ROWS rows, longer ones float (below); the scratch
+            # holds those
             d_off, s_off, _ = activation_scratch_layout(quantized_rows_bound(q.qtype, sym.upper_bound(q.rows)), K,
                                                         mode)
             sc = self.buf(k.scratch[0])
             # int8 has SIMD kernels only (elsewhere the float path below runs); int16 has a portable form too
             guard = ["#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)"] if mode == "int8" else []
             itype, bits = ("int8_t", "8") if mode == "int8" else ("int16_t", "16")
-            xargs = (f"(const {itype} *){sc} + m0 * {K}LL, (const float *)({sc} + {d_off}) + m0 * {nblk}, "
-                     f"(const float *)({sc} + {s_off}) + m0 * {nblk}, {K}, {nblk}, mr, out + m0 * N + n, N);")
+            nb32 = K // 32  # the activations' blocks of 32 (a k-quant's super-block holds eight)
+            xargs = (f"(const {itype} *){sc} + m0 * {K}LL, (const float *)({sc} + {d_off}) + m0 * {nb32}, "
+                     f"(const float *)({sc} + {s_off}) + m0 * {nb32}, {K}, {nb32}, mr, out + m0 * N + n, N);")
             # int8 on AVX-512 VNNI: the weight rows two at a time (qvnni.h), the same bits as one at a time;
             # int16 there: 16 at a time (qdot16x16.h), all of the item's rows
             wide = ("LS_HAVE_QDOT8X2", "ls_qdot8x2") if mode == "int8" else (f"LS_HAVE_QDOT16X16_{tname}",
@@ -536,8 +539,8 @@ class KernelRenderer:
                      "#endif",
                      "            for (; n < n1; n++)"]
             # "auto" on AMX: a long call's first rows & ~15 on bfloat16 tiles (qamx.h), the rest as below (every
-            # format of QUANT_ACT_QTYPES has a tile kernel; q5_0's long calls are float)
-            tiles = mode == "int16" and not few_only
+            # format of QUANT_ACT_QTYPES has a tile kernel; the long calls of FEW_ROWS_INT16_QTYPES are float)
+            tiles = mode == "int16" and not short_only
             first = ["#if defined(LS_HAVE_QAMX)",
                      "        const int64_t m_tiles = ls_qamx_rows(M);",
                      f"        if (m_tiles > 0) ls_qamx_{tname}(wraw + n0 * {row_bytes}LL, {row_bytes}, n1 - n0, "
@@ -559,13 +562,13 @@ class KernelRenderer:
             if tiles:  # after the int16 scratch is written: the tile rows' bfloat16 over the start of it
                 quantize += (f"\n#if defined(LS_HAVE_QAMX)\n      ls_qamx_prepare((const float *){lp}->p[{x_i}], M, "
                              f"{K}, (int16_t *){lp}->p[{s_i}]);\n#endif")
-            if few_only:
+            if short_only:
                 quantize = f"      if (M <= {QMM_ROWS})\n{quantize}"
             quantize = "\n".join([""] + guard + [quantize] + (["#endif", ""] if guard else [""]))
         lines, call = self._weight_rows_kernel(k, row_bytes, f"const uint8_t *restrict wraw = (const uint8_t *)"
                                                f"{self.buf(raw_buf)};", x_buf, quantize,
-                                               group=16 if k.scratch and q.activations == "int16" else 1)
-        if k.scratch and q.qtype in FEW_ROWS_INT16_QTYPES:  # a long call: float activations, qgemm.h's kernel
+                                               group=16 if k.scratch and mode16 and not short_only else 1)
+        if k.scratch and short_only:  # a long call: float activations, qgemm.h's kernel
             lines += [f"        if (M > {QMM_ROWS}) {{"]
             lines += ["    " + ln for ln in self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, False)]
             lines += ["            continue;", "        }"] + quant_lines
