@@ -32,16 +32,16 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ls_cache_attention_split"))
 
 
-def build(mask_fn=None, kv_dtype=ls.float32, masked=None, d: int = D, dv: int = D):
+def build(mask_fn=None, kv_dtype=ls.float32, masked=None, d: int = D, dv: int = D, rep: int = REP):
     """One decode token of KV_HEADS x REP query rows (rows of a KV head at the same position) against
     keys 0 .. pos; ``mask_fn(query_pos [REP, 1], key_pos [1, keys])`` -> visible keys (None: causal)."""
     pos = ls.dim("pos", 0, MAX_POS)
     total = sym.add(pos, 1)
     g = ls.Graph()
-    q = g.input("q", (KV_HEADS, REP, d))
+    q = g.input("q", (KV_HEADS, rep, d))
     k = g.input("k", (KV_HEADS, total, d), kv_dtype).cast(ls.float32)
     v = g.input("v", (KV_HEADS, total, dv), kv_dtype).cast(ls.float32)
-    qpos = F.arange(g, pos, total).reshape((1, 1)).expand((REP, 1))
+    qpos = F.arange(g, pos, total).reshape((1, 1)).expand((rep, 1))
     kpos = g.iota(total).reshape((1, total))
     visible = kpos <= qpos if mask_fn is None else mask_fn(qpos, kpos)
     if masked is None:
@@ -51,9 +51,9 @@ def build(mask_fn=None, kv_dtype=ls.float32, masked=None, d: int = D, dv: int = 
     return g, o
 
 
-def inputs(rng, p: int, kv_dtype=np.float32, d: int = D, dv: int = D):
+def inputs(rng, p: int, kv_dtype=np.float32, d: int = D, dv: int = D, rep: int = REP):
     n = p + 1
-    return {"q": rng.standard_normal((KV_HEADS, REP, d)).astype(np.float32),
+    return {"q": rng.standard_normal((KV_HEADS, rep, d)).astype(np.float32),
             "k": rng.standard_normal((KV_HEADS, n, d)).astype(kv_dtype),
             "v": rng.standard_normal((KV_HEADS, n, dv)).astype(kv_dtype)}
 
@@ -65,11 +65,12 @@ def compiled(g, o, **options):
     return prog, g.compile([o], backend="reference")
 
 
-def check(g, o, positions, kv_dtype=np.float32, edit=None, seed=0, d: int = D, dv: int = D, **options):
+def check(g, o, positions, kv_dtype=np.float32, edit=None, seed=0, d: int = D, dv: int = D, rep: int = REP,
+          **options):
     prog, ref = compiled(g, o, **options)
     rng = np.random.default_rng(seed)
     for p in positions:
-        x = inputs(rng, p, kv_dtype, d, dv)
+        x = inputs(rng, p, kv_dtype, d, dv, rep)
         if edit is not None:
             edit(x, p)
         want, got = ref(dims={"pos": p}, **x)[0], prog(dims={"pos": p}, **x)[0]
@@ -86,6 +87,14 @@ def test_causal_grouped_rows_around_part_boundaries(portable):
 def test_odd_head_and_value_sizes():
     """Head size 12, value width 20: the few-rows path without whole vectors, and a scalar merge."""
     check(*build(d=12, dv=20), POSITIONS, d=12, dv=20)
+
+
+@pytest.mark.parametrize("rep,d,dv", [(1, 64, 64), (2, 32, 48), (3, 16, 40), (3, 256, 256)])
+def test_every_few_rows_count_and_value_width(rep, d, dv):
+    """The few-rows path is rendered per row count (1-3 query rows of a KV head) and takes the value columns
+    in groups of up to 4 vectors (48 columns: 2 groups of 3, 40: 5 of 1; Gemma's 256: 8 of 4)."""
+    check(*build(d=d, dv=dv, rep=rep, kv_dtype=ls.float16), POSITIONS[:6], kv_dtype=np.float16, d=d, dv=dv,
+          rep=rep)
 
 
 def test_sliding_window_masks_whole_parts():

@@ -352,6 +352,7 @@ def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
 
 
 LANES = 8  # floats per vector of the few-rows path (ls_v8 in the prelude)
+VALUE_CHUNKS = 4  # vectors of value columns the few-rows path accumulates at once (times up to 3 rows)
 
 
 def _lanes_fit(t: AttentionKernel, prod: _Product | None, KB: int) -> bool:
@@ -569,38 +570,66 @@ def _few_rows_scores(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str
     summed across lanes together (ls_sum8x8). Key rows are read in place when they can be."""
     D, L = prod.depth, LANES
 
-    def body(ptrs: str, load: str) -> list[str]:
-        return ["                for (int64_t rr = 0; rr < nr; rr++) {",
-                f"                    for (int64_t jj = 0; jj < jn; jj += {L}) {{",
-                f"                        ls_v8 dots[{L}] = {{{{0}}}};",
-                f"                        for (int64_t c = 0; c < {D // L}; c++) {{",
-                f"                            const ls_v8 qc = ls_load8(&qs[rr][{L} * c]);",
-                f"                            for (int u = 0; u < {L}; u++) "
-                f"dots[u] += qc * {load}({ptrs}[jj + u] + {L} * c);",
+    def rows(nr: int, ptrs: str, load: str) -> list[str]:
+        # each key's row is loaded (and widened) once for the nr query rows; every row's sums are those of
+        # one row alone (the same products in the same order), so its bits do not depend on nr
+        return [f"                    for (int64_t jj = 0; jj < jn; jj += {L}) {{",
+                f"                        ls_v8 dots[{nr}][{L}];",
+                f"                        for (int u = 0; u < {L}; u++) {{",
+                f"                            ls_v8 d[{nr}] = {{{{0}}}};",
+                f"                            for (int64_t c = 0; c < {D // L}; c++) {{",
+                f"                                const ls_v8 kc = {load}({ptrs}[jj + u] + {L} * c);",
+                f"                                for (int rr = 0; rr < {nr}; rr++) "
+                f"d[rr] += ls_load8(&qs[rr][{L} * c]) * kc;",
+                "                            }",
+                f"                            for (int rr = 0; rr < {nr}; rr++) dots[rr][u] = d[rr];",
                 "                        }",
-                "                        const ls_v8 sums = ls_sum8x8(dots);",
-                "                        memcpy(&s[rr][jj], &sums, sizeof sums);",
-                "                    }",
-                "                }"]
+                f"                        for (int rr = 0; rr < {nr}; rr++) {{",
+                "                            const ls_v8 sums = ls_sum8x8(dots[rr]);",
+                "                            memcpy(&s[rr][jj], &sums, sizeof sums);",
+                "                        }",
+                "                    }"]
+
+    def body(ptrs: str, load: str) -> list[str]:
+        return _by_row_count(lambda nr: rows(nr, ptrs, load))
     return _row_pointers(r, prod.k, prod.red.var, D, "kp", "kb", L, body)
+
+
+def _by_row_count(rows) -> list[str]:
+    """``rows(nr)`` for each row count of the few-rows path, chosen at run time, so that its loops over rows
+    have a constant bound (their accumulators stay in registers)."""
+    lines = []
+    for nr in range(1, FEW_ROWS):
+        lines += [f"                {'if' if nr == 1 else '} else if'} (nr == {nr}) {{"] + rows(nr)
+    return lines + ["                }"]
 
 
 def _few_rows_values(r, t: AttentionKernel) -> list[str]:
     """acc[rr] += sum_jj ps[rr][jj] * value(j0 + jj) for few query rows; each row's accumulator stays
     in vector registers over the block. Value rows are read in place when they can be."""
     E, L = t.width, LANES
+    G = max(g for g in range(1, VALUE_CHUNKS + 1) if (E // L) % g == 0)  # whole groups of vectors
+
+    def rows(nr: int, ptrs: str, load: str) -> list[str]:
+        # G vectors of columns at a time: each value row's part is loaded (and widened) once for the nr query
+        # rows; every element accumulates over the keys in order, as for one row alone
+        return [f"                    for (int64_t e0 = 0; e0 < {E}; e0 += {G * L}) {{",
+                f"                        ls_v8 av[{nr}][{G}];",
+                f"                        for (int rr = 0; rr < {nr}; rr++)",
+                f"                            for (int c = 0; c < {G}; c++) "
+                f"av[rr][c] = ls_load8(&acc[rr][e0 + {L} * c]);",
+                "                        for (int64_t jj = 0; jj < jn; jj++) {",
+                f"                            for (int c = 0; c < {G}; c++) {{",
+                f"                                const ls_v8 vc = {load}({ptrs}[jj] + e0 + {L} * c);",
+                f"                                for (int rr = 0; rr < {nr}; rr++) av[rr][c] += ps[rr][jj] * vc;",
+                "                            }",
+                "                        }",
+                f"                        for (int rr = 0; rr < {nr}; rr++) "
+                "memcpy(&acc[rr][e0], av[rr], sizeof av[rr]);",
+                "                    }"]
 
     def body(ptrs: str, load: str) -> list[str]:
-        return ["                for (int64_t rr = 0; rr < nr; rr++) {",
-                f"                    ls_v8 av[{E // L}];",
-                f"                    for (int c = 0; c < {E // L}; c++) av[c] = ls_load8(&acc[rr][{L} * c]);",
-                "                    for (int64_t jj = 0; jj < jn; jj++) {",
-                "                        const float w = ps[rr][jj];",
-                f"                        for (int c = 0; c < {E // L}; c++) "
-                f"av[c] += w * {load}({ptrs}[jj] + {L} * c);",
-                "                    }",
-                "                    memcpy(&acc[rr][0], av, sizeof av);",
-                "                }"]
+        return _by_row_count(lambda nr: rows(nr, ptrs, load))
     return _row_pointers(r, t.value, t.e, E, "vp", "vt", L, body)
 
 
