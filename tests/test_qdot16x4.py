@@ -124,3 +124,22 @@ def test_q5_0_quantizes_few_rows_and_keeps_long_calls_float(portable: bool) -> N
         else:
             np.testing.assert_array_equal(a, flt(x=xv)[0])
         np.testing.assert_array_equal(a, simd(x=xv)[0])
+
+
+@pytest.mark.skipif(not has_flags("avx512bw", "avx512vl"), reason="needs a CPU with AVX-512 BW and VL")
+@pytest.mark.parametrize("n", [4, 37])
+def test_q5_0_masked_high_bits_give_the_avx2_bits(n: int) -> None:
+    """With AVX-512 BW/VL a q5_0 block's high bits are the masks of two masked subtractions: the same weights, so
+    the same bits as the AVX2 form (-DLS_NO_Q5_0_MASKS), in the four-row and the per-row kernel."""
+    rng = np.random.default_rng(800 + n)
+    k = 20 * 32
+    g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
+    masked = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    avx2 = g.compile([y], backend="c", activations="int16", flags=default_flags() + ["-DLS_NO_Q5_0_MASKS"],
+                     plan_cache=False)
+    guard = "\n#if !defined(__AVX512BW__)\n#error not an AVX-512 BW build\n#endif\n"
+    compile_shared(masked.executor.source + guard, flags=default_flags())
+    for m in (1, 2, 3, 8):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        np.testing.assert_array_equal(masked(x=xv)[0], avx2(x=xv)[0])
+
