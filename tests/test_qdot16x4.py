@@ -89,15 +89,22 @@ def test_every_avx2_cpu_builds_the_four_row_kernels() -> None:
 @pytest.mark.parametrize("n", [4, 7, 37])
 def test_q5_0_four_rows_give_the_one_row_kernels_bits(n: int) -> None:
     """q5_0 takes int16 activations for calls of up to 8 rows (qdot16x4.h's q5_0 section), on AVX-512 CPUs too."""
-    rng = np.random.default_rng(500 + n)
-    k = 18 * 32
+    _q5_0_builds_agree(500 + n, 18 * 32, n, "LS_NO_QDOT16X4", (1, 2, 3))
+
+
+def _q5_0_builds_agree(seed: int, k: int, n: int, macro: str, rows: tuple[int, ...], guard: str = "") -> None:
+    """A q5_0 int16 matmul gives the same bits built as usual and with -D``macro``, at each row count;
+    ``guard``: preprocessor lines the usual build must compile with (that it took the path under test)."""
+    rng = np.random.default_rng(seed)
     g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
-    four = g.compile([y], backend="c", activations="int16", plan_cache=False)
-    one = g.compile([y], backend="c", activations="int16", flags=default_flags() + ["-DLS_NO_QDOT16X4"],
-                    plan_cache=False)
-    for m in (1, 2, 3):
+    usual = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    other = g.compile([y], backend="c", activations="int16", flags=default_flags() + [f"-D{macro}"],
+                      plan_cache=False)
+    if guard:
+        compile_shared(usual.executor.source + guard, flags=default_flags())
+    for m in rows:
         xv = rng.standard_normal((m, k)).astype(np.float32)
-        np.testing.assert_array_equal(four(x=xv)[0], one(x=xv)[0])
+        np.testing.assert_array_equal(usual(x=xv)[0], other(x=xv)[0])
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
@@ -131,15 +138,6 @@ def test_q5_0_quantizes_few_rows_and_keeps_long_calls_float(portable: bool) -> N
 def test_q5_0_masked_high_bits_give_the_avx2_bits(n: int) -> None:
     """With AVX-512 BW/VL a q5_0 block's high bits are the masks of two masked subtractions: the same weights, so
     the same bits as the AVX2 form (-DLS_NO_Q5_0_MASKS), in the four-row and the per-row kernel."""
-    rng = np.random.default_rng(800 + n)
-    k = 20 * 32
-    g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
-    masked = g.compile([y], backend="c", activations="int16", plan_cache=False)
-    avx2 = g.compile([y], backend="c", activations="int16", flags=default_flags() + ["-DLS_NO_Q5_0_MASKS"],
-                     plan_cache=False)
-    guard = "\n#if !defined(__AVX512BW__)\n#error not an AVX-512 BW build\n#endif\n"
-    compile_shared(masked.executor.source + guard, flags=default_flags())
-    for m in (1, 2, 3, 8):
-        xv = rng.standard_normal((m, k)).astype(np.float32)
-        np.testing.assert_array_equal(masked(x=xv)[0], avx2(x=xv)[0])
+    _q5_0_builds_agree(800 + n, 20 * 32, n, "LS_NO_Q5_0_MASKS", (1, 2, 3, 8),
+                       guard="\n#if !defined(__AVX512BW__)\n#error not an AVX-512 BW build\n#endif\n")
 
