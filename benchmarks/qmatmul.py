@@ -81,7 +81,7 @@ def run(quant: str, rows: list[int], layers: int | None, runs: int, activations:
     qtype = QType[quant.upper()]
     rng = np.random.default_rng(0)
     g, outs, nbytes = build(qtype, SHAPES[shapes][-1] if layers is None else layers, rng, shapes)
-    sizes = sorted(int(name[1:]) for name in g.inputs)
+    widths = {name: int(node.shape[-1]) for name, node in g.inputs.items()}  # each input's features
     variants = [("", None)] + ([(ab, default_flags() + [f"-D{ab}"])] if ab else [])
     progs = [g.compile(outs, backend="c", profile=True, activations=activations, flags=f) for _, f in variants]
     for prog in progs:
@@ -89,7 +89,7 @@ def run(quant: str, rows: list[int], layers: int | None, runs: int, activations:
     times = [{m: [] for m in rows} for _ in progs]
     for _ in range(runs):
         for m in rows:  # interleaved, so that a noisy moment hits every row count (and variant) alike
-            feed = {f"x{k}": rng.standard_normal((m, k), dtype=np.float32) for k in sizes}
+            feed = {name: rng.standard_normal((m, k), dtype=np.float32) for name, k in widths.items()}
             for prog, t in zip(progs, times):
                 ex = prog.executor
                 prog(**feed)

@@ -18,7 +18,7 @@
 #define LS_SPLIT16_q6_k 0
 
 #if defined(LS_HAVE_QDOT16_AVX2)
-/* the last two accumulators of a row summed in ls_hsum256's order */
+/* a row's two accumulators summed in ls_hsum256's order */
 #define LS_QK_RESULT(acc, r) ls_hsum256(_mm256_add_ps(acc[r][0], acc[r][1]))
 
 static inline __attribute__((always_inline)) void ls_qdot16_q4_k_rows(const uint8_t *restrict w,
