@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cpu_flags import has_flags
-from lightspeed.backend.c.compiler import default_flags
+from lightspeed.backend.c.compiler import CompilerError, compile_shared, default_flags
 from lightspeed.quant import QType
 from quant_blocks import random_raw
 from test_quantized_matmul import build
@@ -115,3 +115,25 @@ def test_q8_0_can_be_sent_back_to_its_per_row_kernel() -> None:
     a, b = wide(x=xv)[0], per_row(x=xv)[0]
     assert not np.array_equal(a, b)
     np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6 * float(np.abs(b).max()))
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_embedded_broadcasts_give_the_plain_forms_bits(qtype: QType) -> None:
+    """With gcc the activation dwords are vpdpbusd's {1to16} memory operands in four chains (LS_Q16_EMBCAST):
+    the same exact integer sums, so every row count and tail has the bits of -DLS_NO_Q16_EMBCAST's form; the
+    preprocessor confirms the usual build took that path."""
+    rng = np.random.default_rng(140 + int(qtype))
+    k, n = 21 * 32, 37
+    g, y = build(qtype, k, n, random_raw(qtype, n, k, rng), with_bias=False)
+    usual = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    plain = g.compile([y], backend="c", activations="int16", flags=default_flags() + ["-DLS_NO_Q16_EMBCAST"],
+                      plan_cache=False)
+    guard = ("\n#if defined(__GNUC__) && !defined(__clang__) && !defined(LS_Q16_EMBCAST)\n"
+             "#error gcc did not build the embedded-broadcast form\n#endif\n")
+    compile_shared(usual.executor.source + guard, flags=default_flags())
+    with pytest.raises(CompilerError):
+        compile_shared(plain.executor.source + guard, flags=default_flags() + ["-DLS_NO_Q16_EMBCAST"])
+    for m in range(1, 9):
+        xv = (rng.standard_normal((m, k)) * rng.uniform(0.1, 30.0, (m, 1))).astype(np.float32)
+        np.testing.assert_array_equal(usual(x=xv)[0], plain(x=xv)[0])

@@ -36,6 +36,16 @@ static inline __attribute__((always_inline)) void ls_t4x4(const __m512i *z, __m5
 #ifndef LS_Q16X16_PF
 #define LS_Q16X16_PF 1
 #endif
+/* gcc folds no broadcast into vpdpbusd: each activation dword cost a vpbroadcastd of its own next to its
+ * vpdpbusd, and one row's two chains of eight were latency-bound. With gcc (not clang, whose asm templates
+ * differ) the dwords are the instructions' {1to16} memory operands and the chains are four: eight activation
+ * rows of q4_1 took 0.94x the time, q8_0 0.93x (benchmarks/qmatmul.py --ab, one and two threads); one or two
+ * rows as before. The integer sums are exact, so the bits are those of the plain form, which
+ * -DLS_NO_Q16_EMBCAST keeps (tests compare the two). */
+#if defined(__GNUC__) && !defined(__clang__) && !defined(LS_NO_Q16_EMBCAST)
+#define LS_Q16_EMBCAST 1
+#define LS_DPBUSD_BCST(acc, w, x32) __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(x32)))
+#endif
 
 /* 16 bytes at p (TAIL: nothing when the row is missing, bit i of live clear) */
 #define LS_L128(p, i) (TAIL ? _mm_maskz_loadu_epi32((__mmask8)(((live) >> (i) & 1) ? 0xf : 0), (const void *)(p)) \
@@ -117,11 +127,25 @@ static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8
         for (int r = 0; r < MR; r++) {
             const int32_t *xa = (const int32_t *)(xq + r * 2 * K + 64 * b);
             __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
+#if defined(LS_Q16_EMBCAST)
+            /* four chains of four, the activation dwords as embedded broadcasts (see LS_Q16_EMBCAST) */
+            __m512i ia2 = _mm512_setzero_si512(), ib2 = _mm512_setzero_si512();
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++) {
+                LS_DPBUSD_BCST(ia, wv[j], xa + j);
+                LS_DPBUSD_BCST(ib, wv[j], xa + 8 + j);
+                LS_DPBUSD_BCST(ia2, wv[4 + j], xa + 4 + j);
+                LS_DPBUSD_BCST(ib2, wv[4 + j], xa + 12 + j);
+            }
+            ia = _mm512_add_epi32(ia, ia2);  /* exact: the integer sums do not depend on the order */
+            ib = _mm512_add_epi32(ib, ib2);
+#else
             _Pragma("GCC unroll 8")
             for (int j = 0; j < 8; j++) {
                 ia = _mm512_dpbusd_epi32(ia, wv[j], _mm512_set1_epi32(xa[j]));
                 ib = _mm512_dpbusd_epi32(ib, wv[j], _mm512_set1_epi32(xa[8 + j]));
             }
+#endif
             const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(ia, 8), ib);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])),
                                      acc[r]);
