@@ -24,7 +24,8 @@ USER = [{"role": "user", "content": "t1 t2 t1"}]
 def server(tmp_path_factory):
     path = tmp_path_factory.mktemp("serve_anthropic") / "tiny.gguf"
     write_tiny_llama(path, seed=2)
-    proc = ServerProcess(["--model", str(path), "--max-batch", "2", "--context", str(CTX), "--api-key", KEY])
+    # the shapes, batch and context of test_serve_openai_details: its compiled programs are reused
+    proc = ServerProcess(["--model", str(path), "--max-batch", "4", "--context", str(CTX), "--api-key", KEY])
     try:
         from lightspeed.io import Tokenizer
         tok = Tokenizer.from_gguf(str(path))

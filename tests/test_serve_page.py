@@ -53,7 +53,8 @@ def page_server():
     except FileNotFoundError as e:
         pytest.skip(str(e))
     from serve_process import ServerProcess
-    proc = ServerProcess(["--max-batch", "2", "--context", str(CTX), "--api-key", KEY])
+    # the batch and context of test_serve_api: its compiled programs are reused
+    proc = ServerProcess(["--max-batch", "8", "--context", str(CTX), "--api-key", KEY])
     try:
         yield proc.wait_ready(timeout=400)
     finally:

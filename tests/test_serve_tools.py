@@ -41,7 +41,8 @@ def server():
         lsa.default_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    proc = ServerProcess(["--max-batch", "4", "--context", str(CTX), "--max-schema-bytes", "8192"])
+    # the batch and context of test_serve_api: its compiled programs are reused
+    proc = ServerProcess(["--max-batch", "8", "--context", str(CTX), "--max-schema-bytes", "8192"])
     try:
         from lightspeed.io import Tokenizer
         tok = Tokenizer.from_gguf(lsa.default_model_path())
