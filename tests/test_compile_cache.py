@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent("""
     calls = []
     real_run = compiler.subprocess.run
     def counting_run(cmd, *a, **k):
-        if "-o" in cmd:
+        if "-o" in cmd and not cmd[-1].endswith(".gch"):  # shared objects (not the precompiled header)
             calls.append(cmd[-1])
         return real_run(cmd, *a, **k)
     compiler.subprocess.run = counting_run

@@ -18,7 +18,7 @@ import subprocess
 from functools import lru_cache
 from pathlib import Path
 
-from . import cache_files
+from . import cache_files, pch
 from .cache_files import CACHE_ENV, cache_dir  # noqa: F401 - part of this module's interface
 
 
@@ -98,25 +98,35 @@ def compile_shared(source: str, flags: list[str] | None = None, cc: str | None =
         cache_files.warn(f"discarding the cached shared object {path}: {problem}; rebuilding it")
     cache_files.remove_stale_temps(d)
     try:
-        _build(source, cc, flags, extra_libs or [], d, key, path)
+        # the default flags only: a one-off flag set would spend more on its header (0.5 s) than it saves
+        header = (pch.include_args(cc, compiler_identity(cc), flags, d, cache_key(pch.HEADER, cc, flags)[:24])
+                  if flags == default_flags() else [])
+        _build(source, cc, flags, extra_libs or [], d, key, path, header)
     except OSError as e:  # the directory vanished, filled up or became read-only under us
         raise CompilerError(f"cannot write the compiled object into the cache directory {d}: "
                             f"{e.strerror or e}") from None
     return path
 
 
-def _build(source: str, cc: str, flags: list[str], extra_libs: list[str], d: Path, key: str, path: Path) -> None:
-    """Compile ``source`` in ``d`` under a private temporary name, then install it as ``path``."""
+def _build(source: str, cc: str, flags: list[str], extra_libs: list[str], d: Path, key: str, path: Path,
+           header: list[str]) -> None:
+    """Compile ``source`` in ``d`` under a private temporary name, then install it as ``path``. ``header``:
+    the precompiled header's arguments (pch.py); a compile that fails with them is tried again without."""
     fd, tmp_c = cache_files.temp_file(d, key, ".c")
     tmp_so = tmp_c[:-2] + ".so"
     try:
         with os.fdopen(fd, "w") as f:
             f.write(source)
-        cmd = cc.split() + flags + [tmp_c, "-o", tmp_so] + extra_libs
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:  # not an error of the cache directory (handled by the caller)
-            raise CompilerError(f"cannot run the C compiler {cc!r}: {e.strerror or e}") from None
+        for extra in ([header, []] if header else [[]]):
+            cmd = cc.split() + flags + extra + [tmp_c, "-o", tmp_so] + extra_libs
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:  # not an error of the cache directory (handled by the caller)
+                raise CompilerError(f"cannot run the C compiler {cc!r}: {e.strerror or e}") from None
+            if proc.returncode == 0:
+                if header and not extra:  # it failed with the precompiled header and passed without
+                    pch.discard(header)
+                break
         if proc.returncode != 0:
             keep = d / f"failed-{key}.c"
             shutil.copyfile(tmp_c, keep)
