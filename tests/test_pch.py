@@ -64,3 +64,20 @@ def test_source_errors_still_fail_and_other_flags_build_none(cache: Path) -> Non
     assert len(list(cache.glob("pch-*.h.gch"))) == 1  # the default flags' header, built for that attempt
     compile_shared("int fine(void) { return 1; }\n", flags=default_flags() + ["-DLS_SOMETHING_ELSE"])
     assert len(list(cache.glob("pch-*.h.gch"))) == 1
+
+
+def test_a_killed_header_build_leaves_nothing_for_long(cache: Path) -> None:
+    """A .gch being built has a temporary name like every cache file's; one left by a killed build (an hour
+    old) is swept like the others."""
+    import os
+    import time
+
+    from lightspeed.backend.c import cache_files
+    _program(1.0)
+    (header,) = cache.glob("pch-*.h")
+    key = header.name[len("pch-"):-len(".h")]
+    fd, tmp = cache_files.temp_file(cache, key, ".gch")
+    os.close(fd)
+    old = time.time() - 2 * cache_files.STALE_TEMP_S
+    os.utime(tmp, (old, old))
+    assert cache_files.remove_stale_temps(cache) == 1 and not os.path.exists(tmp)

@@ -27,7 +27,7 @@ from typing import Iterator
 
 CACHE_ENV = "LIGHTSPEED_CACHE_DIR"
 STALE_TEMP_S = 3600.0  # a temporary file this old belongs to no running compile
-_TEMP_NAME = re.compile(r"^\.[0-9a-f]{40}\.[A-Za-z0-9_]+\.(?:c|so|tmp)$")
+_TEMP_NAME = re.compile(r"^\.[0-9a-f]{40}\.[A-Za-z0-9_]+\.(?:c|so|tmp|gch)$")
 
 
 class CacheWarning(RuntimeWarning):

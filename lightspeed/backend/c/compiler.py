@@ -99,7 +99,7 @@ def compile_shared(source: str, flags: list[str] | None = None, cc: str | None =
     cache_files.remove_stale_temps(d)
     try:
         # the default flags only: a one-off flag set would spend more on its header (0.5 s) than it saves
-        header = (pch.include_args(cc, compiler_identity(cc), flags, d, cache_key(pch.HEADER, cc, flags)[:24])
+        header = (pch.include_args(cc, compiler_identity(cc), flags, d, cache_key(pch.HEADER, cc, flags))
                   if flags == default_flags() else [])
         _build(source, cc, flags, extra_libs or [], d, key, path, header)
     except OSError as e:  # the directory vanished, filled up or became read-only under us
