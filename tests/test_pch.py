@@ -3,13 +3,16 @@ in the cache directory, valid for gcc (it would say so with -Winvalid-pch), the 
 reason a build fails (a damaged .gch, a source error)."""
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import lightspeed as ls
+from lightspeed.backend.c import cache_files
 from lightspeed.backend.c.compiler import CompilerError, compile_shared, compiler_identity, default_flags, \
     find_compiler
 
@@ -69,10 +72,6 @@ def test_source_errors_still_fail_and_other_flags_build_none(cache: Path) -> Non
 def test_a_killed_header_build_leaves_nothing_for_long(cache: Path) -> None:
     """A .gch being built has a temporary name like every cache file's; one left by a killed build (an hour
     old) is swept like the others."""
-    import os
-    import time
-
-    from lightspeed.backend.c import cache_files
     _program(1.0)
     (header,) = cache.glob("pch-*.h")
     key = header.name[len("pch-"):-len(".h")]
