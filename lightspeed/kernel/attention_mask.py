@@ -11,6 +11,13 @@ with bounds that exclude wrap-around, comparisons, ANDs, casts that keep order),
 
 What it proves is only where the score equals M; whether dropping those keys is exact depends on the
 values (their weight exp2((M - max) c) must round to 0), which the kernel checks as it runs.
+
+An additive mask, ``scores + where(visible, 0, -inf)`` (aten's attention, e.g. torch.compile'd Hugging Face
+models), is taken as -inf where hidden. That holds for every score but NaN and +inf (which give NaN): a key
+whose hidden score is NaN (a NaN in its key row) or +inf (an overflowing dot product) is dropped in a skipped
+block, where the computed one would make the row NaN, as a NaN in a hidden key's value row (0 * NaN) is.
+Kernels may read the score with index-valued buffers resolved (``kernel/index_values.py``), so that masks of
+positions stored in buffers are plain index comparisons here.
 """
 from __future__ import annotations
 
@@ -78,6 +85,10 @@ def _fold(x: ir.IR, falsy: tuple):
             return np.float32(a * b) if a is not None and b is not None else None
         if x.op is Op.ADD and x.dtype is dt.float32 and a is not None and b is not None:
             return np.float32(a + b)
+        if x.op is Op.ADD and x.dtype is dt.float32 and (a == -np.inf or b == -np.inf):
+            # an additive mask, scores + where(visible, 0, -inf) (aten's attention): -inf whatever the scores,
+            # but for a NaN or +inf score (see the module docstring)
+            return np.float32(-np.inf)
     return None
 
 
