@@ -530,6 +530,8 @@ def sym_upper(x: Expr) -> sint:
         return out
     if isinstance(x, Mod) and x.b.lo > 0:  # floor modulo by a positive divisor is below the divisor
         return add(x.b, -1) if not isinstance(x.b, Const) else min(x.hi, x.b.value - 1)
+    if isinstance(x, FloorDiv) and isinstance(x.b, Const) and x.b.value > 0:  # non-decreasing in the dividend
+        return floordiv(sym_upper(x.a), x.b.value)
     if isinstance(x, Prod) and all(f.lo >= 0 for f in x.factors):
         out = 1
         for f in x.factors:
