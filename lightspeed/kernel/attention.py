@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 from .. import dtypes as dt
 from .. import symbolic as sym
-from ..graph import Node
-from ..ops import Op
+from ..graph import ArrayConst, Node
+from ..ops import BINARY, Op
 from ..rewrite.pattern import P, match
-from ..shape import ShapeTracker
+from ..shape import ShapeTracker, unravel
 from . import ir
 from .attention_index import index_through
+from .index_values import simplify
 from .attention_rows import RowSelect, row_select, split_select
 
 MAX_VALUE_WIDTH = 256  # the value accumulator of a row lives in registers/L1: [rows][width] floats
@@ -181,8 +182,12 @@ class StreamingAttention:
         score = former._read(self.chain.x, ShapeTracker.contiguous(self.chain.x.shape), idx.x)
         value = former._read(self.chain.v, self.chain.v_st, idx.full)
         split = key_split(n.shape, self.keys, self.width)
+        # the score with index-valued buffers read as the index expressions they hold: the IR the mask is
+        # proven from (kernel/index_values.py); it only ever reads buffers the score reads
+        masks = simplify(score, _index_loads(former))
         tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width, split,
-                               zero_empty_rows=self.chain.rows is not None)
+                               zero_empty_rows=self.chain.rows is not None,
+                               mask_score=None if masks is score else masks)
         reads = []
         for root in (score, value):
             for x in root.walk():
@@ -193,6 +198,38 @@ class StreamingAttention:
         if split is not None:
             kern.scratch = [ir.Buffer("temp", dt.float32, (), f"parts{n.id}", nbytes=split.nbytes)]
         return [kern]
+
+
+INDEX_DTYPES = (dt.int32, dt.int64, dt.bool_)
+
+
+def _index_valued(n: Node, memo: dict[int, bool]) -> bool:
+    """Whether ``n`` (an integer or bool) is computed from iotas and scalar constants only: its value at an
+    index is an expression of that index (through ALU ops, casts, copies and gathers)."""
+    if n.id not in memo:
+        memo[n.id] = False  # (a cycle is impossible; this only bounds the recursion on shared nodes)
+        ok = n.dtype in INDEX_DTYPES and (
+            n.op is Op.IOTA or (n.op is Op.CONST and not isinstance(n.arg, ArrayConst))
+            or (n.op in BINARY or n.op in (Op.CAST, Op.CONTIGUOUS, Op.GATHER))
+            and all(_index_valued(s, memo) for s, _ in n.srcs))
+        memo[n.id] = ok
+    return memo[n.id]
+
+
+def _index_loads(former):
+    """The resolver ``kernel/index_values.py`` asks: for a load of the buffer of an index-valued node, that
+    node's IR at the loaded offset (the buffer holds it densely, row-major), else None."""
+    nodes = {n.id: n for n in former.nodes}
+    owner = {id(buf): nid for nid, buf in former.buffers.items() if nid in nodes}
+    memo: dict[int, bool] = {}
+
+    def resolve(ld: ir.Load) -> ir.IR | None:
+        nid = owner.get(id(ld.buf))
+        if nid is None or not _index_valued(nodes[nid], memo):
+            return None
+        n = nodes[nid]
+        return former._compute(n, unravel(ld.offset, n.shape))
+    return resolve
 
 
 @dataclass(frozen=True)
@@ -251,6 +288,9 @@ class AttentionKernel:
     split: KeySplit | None = None  # decode's key split (partials in the kernel's scratch), if any
     # a row whose every score is -inf gives 0, not NaN (a safe softmax, see attention_rows.py)
     zero_empty_rows: bool = False
+    # ``score`` with index-valued loads resolved (kernel/index_values.py), equal to it at every index: the IR
+    # the key mask is proven from (None: the score itself)
+    mask_score: ir.IR | None = None
 
 
 def _numel(shape) -> int:

@@ -18,8 +18,8 @@ ZERO_EXPONENT = -150.0
 
 
 def key_mask(t: AttentionKernel) -> KeyMask | None:
-    """The proven key mask of ``t``'s score, if any."""
-    return split_mask(t.score, t.j, t.c)
+    """The proven key mask of ``t``'s score, if any (proven from its index-resolved form, equal to it)."""
+    return split_mask(t.score if t.mask_score is None else t.mask_score, t.j, t.c)
 
 
 def _all(r, conds, t: AttentionKernel, key: str) -> str:
