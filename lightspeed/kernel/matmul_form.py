@@ -69,3 +69,33 @@ def match_matmul(value: ir.IR, loop_vars: tuple[sym.Var, ...]) -> MatmulForm | N
             if loop_vars[m].hi == 0 and loop_vars[m] not in av | bv:
                 return MatmulForm(m, n, value, a, b)
     return None
+
+
+def unit_stride(e: sym.Expr, v: sym.Var) -> bool:
+    """Whether index expression ``e`` moves by one when ``v`` does (a term ``v`` with coefficient 1)."""
+    return isinstance(e, sym.Sum) and (v, 1) in e.terms or e == v
+
+
+def pack_inner(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
+    """The loop variable a packing loop over factor ``x`` runs innermost: the one a load reading both
+    variables (the operand's matrix, not a per-row or per-column vector beside it, e.g. a norm's scale)
+    reads with unit stride; else as ``inner_var``."""
+    for y in x.walk():
+        if isinstance(y, (ir.Load, ir.Bytes)):
+            e = sym.to_expr(y.offset)
+            if {first, second} <= sym.free_vars(e):
+                for v in (first, second):
+                    if unit_stride(e, v):
+                        return v
+    return inner_var(x, first, second)
+
+
+def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
+    """Which of two loop variables a packing loop should run innermost: the one some load of ``x`` reads
+    with unit stride (so the loop reads memory contiguously); ``second`` when neither is."""
+    for y in x.walk():
+        if isinstance(y, ir.Load):
+            e = sym.to_expr(y.offset)
+            if isinstance(e, sym.Sum) and (first, 1) in e.terms or e == first:
+                return first
+    return second

@@ -35,7 +35,7 @@ from ... import dtypes as dt
 from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.ir import loop_var
-from ...kernel.matmul_form import MatmulForm
+from ...kernel.matmul_form import MatmulForm, pack_inner
 from ...kernel.schedule import Order, Register, Schedule, ScheduleError, SplitReduce, Tile, Unroll, Vectorize
 from .loop_split import block_split, hoist_invariants
 
@@ -341,35 +341,6 @@ def in_place(x: ir.IR, ovar: sym.Var, kvar: sym.Var) -> tuple[ir.Buffer, sym.sin
     if not sym.same(off, sym.add(sym.add(base, sym.mul(ovar, stride)), kvar)):
         return None
     return x.buf, base, stride
-
-
-def _unit_stride(e: sym.Expr, v: sym.Var) -> bool:
-    return isinstance(e, sym.Sum) and (v, 1) in e.terms or e == v
-
-
-def pack_inner(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
-    """The loop variable a packing loop over factor ``x`` runs innermost: the one a load reading both
-    variables (the operand's matrix, not a per-row or per-column vector beside it, e.g. a norm's scale)
-    reads with unit stride; else as ``inner_var``."""
-    for y in x.walk():
-        if isinstance(y, (ir.Load, ir.Bytes)):
-            e = sym.to_expr(y.offset)
-            if {first, second} <= sym.free_vars(e):
-                for v in (first, second):
-                    if _unit_stride(e, v):
-                        return v
-    return inner_var(x, first, second)
-
-
-def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
-    """Which of two loop variables a packing loop should run innermost: the one some load of ``x`` reads
-    with unit stride (so the loop reads memory contiguously); ``second`` when neither is."""
-    for y in x.walk():
-        if isinstance(y, ir.Load):
-            e = sym.to_expr(y.offset)
-            if isinstance(e, sym.Sum) and (first, 1) in e.terms or e == first:
-                return first
-    return second
 
 
 def _item_lines(r, k: ir.Kernel, form: MatmulForm, nmajor: bool, split: bool) -> list[str]:

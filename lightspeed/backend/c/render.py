@@ -20,13 +20,13 @@ from ...kernel import ir
 from ...kernel.fusion import KernelPlan
 from ...kernel.ir import dense_offset, loop_var
 from ...kernel.heuristics import Target, gemm_schedule
-from ...kernel.matmul_form import match_matmul
+from ...kernel.matmul_form import inner_var, match_matmul
 from ...kernel.quantized import (FEW_ROWS_INT16_QTYPES, HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout,
                                  quantized_rows_bound)
 from ...quant import QType, block_format
 from ...ops import Op
 from .cse import Cse, is_node, sym_c
-from .gemm import inner_var, render_gemm, vector_helpers
+from .gemm import render_gemm, vector_helpers
 from .target import host_target
 from .ctext import float_literal
 from .matvec import blocked_form, render_matvec
