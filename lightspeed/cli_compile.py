@@ -41,7 +41,8 @@ def write_kernels(program, backend: str, arch: str, out: str, info: dict | None 
     from .backend.gpu import CUDA, OPENCL, form_plan, render_program
     from .backend import cuda
     dialect = CUDA if backend == "cuda" else OPENCL
-    plan = form_plan(program)
+    plan = form_plan(program, cuda.CUDA_TARGET if backend == "cuda" else None)
+    schedules = {k.name: k.schedule for k in plan.kernels if k.schedule is not None}
     gpu = render_program(plan, dialect)
     os.makedirs(out, exist_ok=True)
     prelude = dialect.prelude()
@@ -71,6 +72,8 @@ def write_kernels(program, backend: str, arch: str, out: str, info: dict | None 
     for launch in gpu.kernels:
         item = {"kernel": launch.name, "function": launch.function, "work_items": str(launch.items),
                 "block": launch.block or dialect.block}
+        if launch.name in schedules:  # a gemm kernel: the schedule its tiles were rendered under
+            item["schedule"] = str(schedules[launch.name])
         if launch.small is not None:
             small = launch.small
             item["few_rows"] = {"rows": str(launch.rows), "function": small.function,

@@ -19,6 +19,7 @@ import lightspeed as ls
 from lightspeed import symbolic as sym
 from lightspeed.graph import Program, describe
 from frontend_cases import CASES, DIM_BOUNDS, build_graph
+from gpu_schedules import gpu_gemm_schedules, matmul_cases
 from lightspeed.backend.cuda import CudaUnavailableError, available, compile_cubins
 from lightspeed.backend.cuda.driver import Device
 
@@ -145,3 +146,52 @@ def test_random_graph_cuda_matches_reference(data: st.DataObject) -> None:
         want, got = ref(dims=dims, **arrays), prog(dims=dims, **arrays)
         for k, (gv, wv, v) in enumerate(zip(got, want, built.outputs)):
             rg._compare(gv, wv, v, f"output {k} at dims {env} (the graph is in the notes above)")
+
+
+# gemm kernels under random schedules (backend/gpu/gemm.py reads each kernel's Schedule) ----------------------
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_gemm_schedules_compile(data: st.DataObject) -> None:
+    """Any schedule the renderer takes compiles for sm_90, at up to 1024 threads per block."""
+    g, outs, _, _ = data.draw(matmul_cases())
+    schedule = data.draw(gpu_gemm_schedules(max_group=1024))
+    note(f"schedule {schedule}")
+    prog = g.compile(outs, backend="cuda", arch="sm_90", schedules=lambda k: schedule)
+    assert prog.executor.cubin[:4] == ELF
+    assert all(k.schedule is schedule for k in prog.executor.plan.kernels if k.kind == "gemm")
+
+
+@pytest.mark.skipif(DEVICE_REASON is not None, reason=f"no CUDA device: {DEVICE_REASON}")
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_random_gemm_schedules_on_device(data: st.DataObject) -> None:
+    g, outs, arrays, lengths = data.draw(matmul_cases())
+    schedule = data.draw(gpu_gemm_schedules(max_group=1024))
+    note(f"schedule {schedule}")
+    prog = g.compile(outs, backend="cuda", schedules=lambda k: schedule)
+    ref = g.compile(outs, backend="reference")
+    for rows in lengths:
+        for i, (got, want) in enumerate(zip(prog(**arrays(rows)), ref(**arrays(rows)))):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"output {i}, seq={rows}")
+
+
+@pytest.mark.skipif(DEVICE_REASON is None, reason="a CUDA device is present")
+def test_search_without_a_device_says_so() -> None:
+    g = ls.Graph()
+    x = g.input("x", (64, 64))
+    with pytest.raises(CudaUnavailableError, match="search=1 times schedules on the device, and there is none"):
+        g.compile([x @ x], backend="cuda", search=1)
+
+
+@pytest.mark.skipif(DEVICE_REASON is not None, reason=f"no CUDA device: {DEVICE_REASON}")
+def test_search_on_device(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path))
+    seq = ls.dim("seq", 1, 2048)
+    g = ls.Graph()
+    x, w = g.input("x", (seq, 1024)), g.input("w", (1024, 1024))
+    prog = g.compile([x @ w.T], backend="cuda", search=1, search_dims={"seq": 1024})
+    report = prog.executor.search_report
+    assert report.rejected == 0 and report.tried >= 3
+    a = np.random.default_rng(0).standard_normal((300, 1024)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)
+    np.testing.assert_allclose(prog(x=a, w=b)[0], a @ b.T, rtol=1e-3, atol=1e-3)

@@ -7,12 +7,16 @@ most of the vector registers (two vectors of the target's width across ``n``), a
 per call (``schedule.Pack``). A product of static size with few register blocks of outputs and a long k also
 splits k (``SplitReduce``), so its work items are parts of k rather than ever smaller tiles that each pack
 all of ``b`` again. The search (``search/``) improves on these by measurement.
+
+A GPU gets the same kind of schedule read another way (``gpu_gemm_schedule``): a work group per tile of
+outputs, the k tile as the depth of the panels staged in local (shared) memory, the register block as each
+work item's outputs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .schedule import Pack, Parallel, Register, Schedule, SplitReduce, Tile, Unroll, Vectorize
+from .schedule import Order, Pack, Parallel, Register, Schedule, SplitReduce, Tile, Unroll, Vectorize
 
 
 @dataclass(frozen=True)
@@ -74,3 +78,47 @@ def split_parts(mr: int, nr: int, kc: int, columns: int | None, rows: int | None
 def _round_down(x: int, step: int, lo: int, hi: int) -> int:
     x = max(lo, min(hi, x))
     return max(step, x // step * step)
+
+
+@dataclass(frozen=True)
+class GpuTarget:
+    """What GPU schedules need to know of a device: work items per work group at most, local (shared) memory
+    per work group in bytes, and whether it is a CPU device (PoCL), whose work groups are loops over their
+    work items rather than threads."""
+    max_group: int = 1024
+    local_bytes: int = 48 * 1024
+    cpu: bool = False
+
+
+def gpu_gemm_schedule(target: GpuTarget, columns: int | None = None, rows: int | None = None,
+                      a_along: str = "k", b_along: str = "n") -> Schedule:
+    """The default GPU schedule of a float32 matmul-like kernel: work groups over tiles of m x n outputs
+    (``Parallel``, ``Tile``), panels of ``Tile('k')`` steps of both operands staged in local memory, loaded
+    with consecutive work items reading along ``a_along`` / ``b_along`` (``Pack``: the axis along which the
+    operand's loads have unit stride, so a group's loads coalesce), and a register block of outputs per work
+    item (``Register``). ``columns`` and ``rows``: the output's static sizes, None when symbolic.
+
+    On a GPU: 64 x 64 tiles of 4 x 4 blocks (256 work items, 8 KiB of panels), or 128 x 128 of 8 x 8 where
+    both sides are static and at least 1024 (256 work items, 16 KiB: half the local loads per multiply-add;
+    the usual choice for large single-precision products, not yet measured here on a GPU), or 32-row tiles
+    of 2 x 4 blocks for a static product of at most 32 rows (no work item computes only padding). On a CPU
+    device (PoCL) a work group runs as loops over its work items, and fewer items with larger blocks were
+    faster: 64 x 64 tiles of 16 x 16 blocks, depth 32 (16 work items; on a Zen 3, two products of 256 x 512
+    x 512, 2.6-3.9x the speed of 4 x 4 blocks; benchmarks/README.md)."""
+    if target.cpu:
+        tm, tn, rm, rn, depth = 64, 64, 16, 16, 32
+    elif rows is not None and columns is not None and min(rows, columns) >= 1024 and target.max_group >= 256 \
+            and target.local_bytes >= 2 * 128 * 16 * 4:
+        tm, tn, rm, rn, depth = 128, 128, 8, 8, 16
+    elif rows is not None and rows <= 32:
+        tm, tn, rm, rn, depth = 32, 64, 2, 4, 16
+    else:
+        tm, tn, rm, rn, depth = 64, 64, 4, 4, 16
+    # a smaller device: fewer rows of work items, then shallower panels, until the group and its panels fit
+    while (tm // rm) * (tn // rn) > target.max_group and tm > rm:
+        tm //= 2
+    while 4 * (depth + 1) * (tm + tn + 1) > target.local_bytes and depth > 1:  # panels, padding included
+        depth //= 2
+    return Schedule((Parallel("m"), Parallel("n"), Tile("m", tm), Tile("n", tn), Tile("k", depth),
+                     Register("m", rm), Register("n", rn), Pack("a", a_along), Pack("b", b_along),
+                     Order(("m", "n"))))

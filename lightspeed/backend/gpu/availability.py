@@ -42,3 +42,15 @@ def reject_options(backend: str, options: Mapping[str, object], accepted: Iterab
     if unknown:
         raise ValueError(f"backend {backend!r} does not take the option(s) {', '.join(unknown)} (C-backend "
                          f"options; it takes: {', '.join(accepted)})")
+
+
+SEARCH_BUDGET_S = 30.0  # the default time budget of a GPU backend's schedule search (search=1 or 2)
+
+
+def check_search_options(backend: str, search: object, schedules: object) -> None:
+    """A ValueError when a GPU backend's ``search`` is not 0, 1 or 2, or comes with ``schedules`` (the search
+    chooses them)."""
+    if search not in (0, 1, 2):
+        raise ValueError(f"backend {backend!r}: search must be 0, 1 or 2, got {search!r}")
+    if search and schedules is not None:
+        raise ValueError(f"backend {backend!r}: give schedules or search, not both (the search chooses them)")

@@ -17,6 +17,7 @@ A backend supplies a ``GpuDevice`` (device memory, its kernels, launches); ``Gpu
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -153,6 +154,39 @@ class GpuExecutor:
                 continue
             block = variant.block or self.block
             dev.launch(self._prepared[id(variant)], [n] + dims, (n + block - 1) // block, block)
+
+    def time_kernels(self, env: Mapping[str, int], names: Collection[str], min_seconds: float = 0.01,
+                     rounds: int = 3) -> dict[str, float]:
+        """Seconds per launch of each plan kernel in ``names`` at dimension values ``env`` (the form it takes
+        there), the best of ``rounds`` rounds of back-to-back launches lasting at least ``min_seconds`` each.
+        Run the program once before, so every buffer a kernel reads holds valid values."""
+        dev, dims = self.device, [int(env[n]) for n in self._dim_names]
+        out: dict[str, float] = {}
+        for launch in self.gpu.kernels:
+            if launch.name not in names:
+                continue
+            small = launch.small is not None and int(sym.evaluate(launch.rows, env)) <= SMALL_ROWS
+            variant = launch.small if small else launch
+            n = int(sym.evaluate(variant.items, env))
+            if n <= 0:
+                continue
+            block = variant.block or self.block
+            args = (self._prepared[id(variant)], [n] + dims, max((n + block - 1) // block, 1), block)
+            dev.synchronize()
+            t0 = time.perf_counter()
+            dev.launch(*args)
+            dev.synchronize()
+            once = max(time.perf_counter() - t0, 1e-7)
+            repeats = max(1, min(1000, int(min_seconds / once)))
+            best = once
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(repeats):
+                    dev.launch(*args)
+                dev.synchronize()
+                best = min(best, (time.perf_counter() - t0) / repeats)
+            out[launch.name] = best
+        return out
 
     def _fetch(self, inputs, env, out, resident, fetch, keep) -> list[np.ndarray | None]:
         plan, dev = self.plan, self.device

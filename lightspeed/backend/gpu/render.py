@@ -4,7 +4,8 @@ Schedules: every output element is one work item. A kernel's output axes are fla
 range of ``items`` work items (rounded up to whole work groups; the extra ones return at once), and a work
 item unravels its index into the loop variables. Inner reductions and gathers are loops and guarded blocks
 inside the work item, so a "tiled" kernel is a plain per-output reduction loop. A "gemm" kernel instead
-computes a tile of outputs per work group from panels in local memory (gemm.py), and a kernel that is one
+computes a tile of outputs per work group from panels in local memory, as its schedule says (gemm.py,
+scheduling.py), and a kernel that is one
 long reduction gives each output a work group that splits the reduced axis (reduce.py). Kernels that
 render to the same text share one function.
 
@@ -29,6 +30,7 @@ from ...kernel import ir
 from ...graph import Program
 from ...kernel import form_kernels
 from ...kernel.fusion import KernelPlan
+from ...kernel.heuristics import GpuTarget
 from ...kernel.ir import dense_offset, loop_var
 from ...kernel.matmul_form import match_matmul
 from ...ops import Op
@@ -37,6 +39,7 @@ from .dialect import F2I, Dialect
 from .emit import Emitter
 from .gemm import render_gemm
 from .reduce import render_row_reduction, row_reduction
+from .scheduling import ScheduleChoice, assign_gpu_schedules
 
 STORAGE = {
     dt.float32: "float", dt.float16: "ls_u16", dt.bfloat16: "ls_u16", dt.int8: "ls_i8", dt.uint8: "ls_u8",
@@ -464,11 +467,15 @@ class KernelRenderer:
             em.line(f"{self.buf(k.out)}[{off}] = {self.store_value(k.out.dtype, value)};")
 
 
-def form_plan(program: Program) -> KernelPlan:
+def form_plan(program: Program, target: GpuTarget | None = None, schedules: ScheduleChoice | None = None
+              ) -> KernelPlan:
     """The kernel plan the GPU backends render: generated kernels only (the C-only lowered templates are
     not formed), float16 scales read from their bytes with one load each (``ir.Bytes``), and a product
-    with a dequantized weight computed inside its reduction (a gemm kernel) instead of stored."""
-    return form_kernels(program, use_templates=False, byte_loads=True, fuse_reduced=True)
+    with a dequantized weight computed inside its reduction (a gemm kernel) instead of stored. Every gemm
+    kernel gets its schedule: ``schedules(kernel)`` where that gives one, else the heuristics' for
+    ``target`` (a device of ``GpuTarget``'s defaults when None)."""
+    plan = form_kernels(program, use_templates=False, byte_loads=True, fuse_reduced=True)
+    return assign_gpu_schedules(plan, target or GpuTarget(), schedules)
 
 
 def render_kernel(plan: KernelPlan, k: ir.Kernel, dialect: Dialect, tiled_gemm: bool = True,

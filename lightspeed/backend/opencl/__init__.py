@@ -13,19 +13,34 @@ from typing import Any, Sequence
 import numpy as np
 
 from ...graph import Program
+from ...kernel.heuristics import GpuTarget
+from ...search.gpu_schedule import tune_gpu_schedules
 from .. import register_backend
 from ..gpu import OPENCL, form_plan, render_program
-from ..gpu.availability import reject_options
+from ..gpu.availability import SEARCH_BUDGET_S, check_search_options, reject_options
 from ..gpu.executor import GpuExecutor
 from .device import OpenCLUnavailableError, configure_pocl, find_device, unavailable_reason
 
-__all__ = ["OpenCLBackend", "OpenCLDevice", "OpenCLUnavailableError", "configure_pocl", "find_device",
-           "unavailable_reason"]
+__all__ = ["OpenCLBackend", "OpenCLDevice", "OpenCLUnavailableError", "configure_pocl", "device_target",
+           "find_device", "unavailable_reason"]
 
 # float32 division and sqrt correctly rounded (OpenCL allows 2.5 and 3 ulp otherwise): the reference
 # backend's values are numpy's, and exact inputs must give exact results. -w: generated code draws
 # warnings that say nothing to a user (the NaN test ``x != x`` of a constant), which pyopencl re-raises
 BUILD_OPTIONS = ("-cl-fp32-correctly-rounded-divide-sqrt", "-w")
+
+
+def device_identity(dev) -> str:
+    """What names OpenCL device ``dev``'s compiled code and timings in caches: platform, device, driver."""
+    return f"{dev.platform.name} {dev.platform.version} / {dev.name} / {dev.driver_version}"
+
+
+def device_target(dev) -> GpuTarget:
+    """What the GPU schedules need of OpenCL device ``dev`` (a ``pyopencl.Device``): its largest work group,
+    its local memory, and whether it is a CPU (PoCL runs a work group as loops over its work items)."""
+    import pyopencl as cl
+    return GpuTarget(max_group=int(dev.max_work_group_size), local_bytes=int(dev.local_mem_size),
+                     cpu=bool(dev.type & cl.device_type.CPU))
 
 
 class OpenCLDevice:
@@ -100,25 +115,45 @@ class OpenCLBackend(GpuExecutor):
     """Executor for ``backend="opencl"``. Options: ``device`` (index over all OpenCL platforms' devices),
     ``block`` (work items per work group), ``build_options`` (extra OpenCL compiler options),
     ``small_form`` (how gemm kernels with few rows run: "rows" or "loop", see ``render_program``; default:
-    "loop" on a CPU device such as PoCL's, "rows" on others)."""
+    "loop" on a CPU device such as PoCL's, "rows" on others), ``schedules`` (a function kernel ->
+    kernel.schedule.Schedule or None: the schedule of each gemm kernel, default the heuristics' for the
+    device, ``device_target``), ``search`` (0: the heuristics; 1: quick, 2: thorough: gemm schedules timed
+    on the device, checked and cached, lightspeed/search/gpu_schedule.py), ``search_budget_s`` (its time
+    budget), ``search_dims`` (the dimension values to tune at)."""
 
     def __init__(self, program: Program, device: int = 0, block: int | None = None,
-                 build_options: tuple[str, ...] = (), small_form: str | None = None, **options):
-        reject_options("opencl", options, ("device", "block", "build_options", "small_form"))
+                 build_options: tuple[str, ...] = (), small_form: str | None = None, schedules=None,
+                 search: int = 0, search_budget_s: float | None = None, search_dims: dict | None = None,
+                 **options):
+        reject_options("opencl", options, ("device", "block", "build_options", "small_form", "schedules", "search",
+                                           "search_budget_s", "search_dims"))
+        check_search_options("opencl", search, schedules)
         t0 = time.perf_counter()
         dev = find_device(device)
         import pyopencl as cl
         self.program = program
-        plan = form_plan(program)
+        self.target = device_target(dev)
         if small_form is None:
             small_form = "loop" if dev.type & cl.device_type.CPU else "rows"
         self.small_form = small_form
-        gpu = render_program(plan, OPENCL, small_form=small_form)
+        block = int(block or OPENCL.block)
+
+        def build(choose):
+            plan = form_plan(program, self.target, choose)
+            gpu = render_program(plan, OPENCL, small_form=small_form)
+            return plan, gpu, OpenCLDevice(dev, gpu.source, build_options)
+
+        self.search_report = None
+        if search:
+            self.search_report = tune_gpu_schedules(
+                program, lambda choose: GpuExecutor(*build(choose), block), self.target, device_identity(dev),
+                level=search, budget_s=search_budget_s or SEARCH_BUDGET_S, dims=search_dims)
+            schedules = self.search_report.choose()
+        plan, gpu, self.opencl = build(schedules)
         self.source = gpu.source
-        self.opencl = OpenCLDevice(dev, gpu.source, build_options)
         self.compile_seconds = time.perf_counter() - t0
         self.arena_bytes = plan.arena_bytes
-        super().__init__(plan, gpu, self.opencl, int(block or OPENCL.block))
+        super().__init__(plan, gpu, self.opencl, block)
 
     @property
     def queue(self):
