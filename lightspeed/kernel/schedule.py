@@ -77,15 +77,26 @@ class Pack:
 
 
 @dataclass(frozen=True)
+class IntegerDot:
+    """Sum each block of the reduction over ``axis`` whose one operand is an int8 quant (a Q8_0 block, an int8
+    matrix) as integers: the other operand quantized per block to ``bits``-bit integers with one scale, the
+    products summed exactly by the target's integer dot-product instructions (a renderer's builtin layer), one
+    float multiply by the two scales per block. Changes the numerics (within the activations' rounding)."""
+    axis: str
+    bits: int
+
+
+@dataclass(frozen=True)
 class Order:
     """Loop order of the tile loops, outermost first."""
     axes: tuple[str, ...]
 
 
-Step = Union[Parallel, Tile, Register, Vectorize, Unroll, SplitReduce, Pack, Order]
+Step = Union[Parallel, Tile, Register, Vectorize, Unroll, SplitReduce, Pack, IntegerDot, Order]
 STEP_TYPES: dict[str, type] = {t.__name__: t for t in (Parallel, Tile, Register, Vectorize, Unroll, SplitReduce,
-                                                        Pack, Order)}
-SIZED = {Tile: "size", Register: "size", Vectorize: "width", Unroll: "factor", SplitReduce: "parts"}
+                                                        Pack, IntegerDot, Order)}
+SIZED = {Tile: "size", Register: "size", Vectorize: "width", Unroll: "factor", SplitReduce: "parts",
+         IntegerDot: "bits"}
 
 
 class ScheduleError(ValueError):

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backend.c.compiler import default_flags, find_compiler
-from ..backend.c.scheduling import assign_schedules
+from ..backend.c.scheduling import assign_schedules, integer_dot_for
 from ..graph import Program
 from ..kernel.fusion import KernelPlan, form_kernels
 from ..rewrite import rewrite_program, rules
@@ -115,7 +115,8 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
                                                  tune_dims(new, dims), budget_s=left * RACE_SHARE)
     materialised = report.measured is not None and report.measured.form_options
     if new is not program or lower_only is not None or materialised:
-        plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only))
+        plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only),
+                                integer_dot=integer_dot_for(form_options))
     remaining = budget - (time.perf_counter() - t0)
     report.schedule = tune_schedule(new, plan, level, max(remaining, 0.0), cc, flags, dims, progress=progress)
     report.nodes, report.ops_changed = (len(program.nodes), len(new.nodes)), _ops_changed(program, new)

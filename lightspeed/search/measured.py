@@ -31,7 +31,7 @@ import numpy as np
 from ..backend.c.compiler import CompilerError, compile_shared, compiler_identity, cpu_signature, runtime_library
 from ..backend.c.plan_cache import Uncacheable, plan_key
 from ..backend.c.render import render_plan
-from ..backend.c.scheduling import assign_schedules
+from ..backend.c.scheduling import assign_schedules, integer_dot_for
 from ..graph import Program
 from ..kernel.fusion import form_kernels
 from . import tuning_cache
@@ -161,7 +161,8 @@ def measure_candidates(original: Program, candidates: list, model_choice: str, f
         res.note = "no valid candidate to measure"
         return res
     if len(distinct) > 1:
-        plans = [assign_schedules(form_kernels(c.program, **options, lower_only=c.lower_only)) for c in distinct]
+        plans = [assign_schedules(form_kernels(c.program, **options, lower_only=c.lower_only),
+                                  integer_dot=integer_dot_for(options)) for c in distinct]
         seconds, res.note = _timed([c.name for c in distinct], plans, original, cc, flags, env, deadline, seed)
         if seconds is None:
             return res
@@ -171,7 +172,8 @@ def measure_candidates(original: Program, candidates: list, model_choice: str, f
     # which values get a buffer, for the chosen program: the heuristics' thresholds against the others
     plans, names, sources = [], [], set()
     for name, setting in MATERIALISATION.items():
-        plan = assign_schedules(form_kernels(pick.program, **options, **setting, lower_only=pick.lower_only))
+        plan = assign_schedules(form_kernels(pick.program, **options, **setting, lower_only=pick.lower_only),
+                                integer_dot=integer_dot_for(options))
         text = render_plan(plan)
         if text not in sources:  # a setting that forms the same kernels is not compiled again
             sources.add(text)

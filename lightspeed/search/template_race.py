@@ -26,7 +26,7 @@ import numpy as np
 from .. import symbolic as sym
 from ..backend.c.compiler import CompilerError, compile_shared, runtime_library
 from ..backend.c.render import render_plan
-from ..backend.c.scheduling import assign_schedules
+from ..backend.c.scheduling import assign_schedules, integer_dot_for
 from ..graph import Program
 from ..kernel.fusion import Former
 from .check import outputs_agree, plan_tolerance, random_inputs
@@ -134,7 +134,7 @@ def _kernel_seconds(runners: list[PlanRunner], plans) -> list[dict[str, float]]:
 
 def _build(program: Program, **options) -> tuple[Former, object]:
     former = Former(program, **options)
-    return former, assign_schedules(former.plan())
+    return former, assign_schedules(former.plan(), integer_dot=integer_dot_for(options))
 
 
 def race_templates(program: Program, lower_only: frozenset[int] | None, form_options: dict, cc: str,

@@ -36,7 +36,8 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.ir import loop_var
 from ...kernel.matmul_form import MatmulForm, pack_inner
-from ...kernel.schedule import Order, Register, Schedule, ScheduleError, SplitReduce, Tile, Unroll, Vectorize
+from ...kernel.schedule import (IntegerDot, Order, Register, Schedule, ScheduleError, SplitReduce, Tile, Unroll,
+                                Vectorize)
 from .loop_split import block_split, hoist_invariants
 
 AXES = ("m", "n", "k")
@@ -49,7 +50,8 @@ def _refused(step) -> bool:
     """Whether the C renderer cannot apply ``step`` (it vectorises n, blocks m and n in registers and
     splits only the reduction)."""
     return (isinstance(step, Vectorize) and step.axis != "n") or (isinstance(step, Register) and step.axis == "k") \
-        or (isinstance(step, SplitReduce) and step.axis != "k")
+        or (isinstance(step, SplitReduce) and step.axis != "k") \
+        or (isinstance(step, IntegerDot) and (step.axis, step.bits) != ("k", 16))
 
 
 def gemm_sizes(s: Schedule) -> dict[str, int]:
@@ -59,7 +61,7 @@ def gemm_sizes(s: Schedule) -> dict[str, int]:
     for step in s:
         if _refused(step):
             raise ScheduleError(f"gemm schedule: the C renderer does not apply {step} (it vectorises n, blocks m "
-                                f"and n in registers, and splits only k)")
+                                f"and n in registers, splits only k, and sums blocks of k as 16-bit integers)")
         if isinstance(step, Order) and tuple(step.axes) not in ORDERS:
             raise ScheduleError(f"gemm schedule: the C renderer does not apply {step}: it orders the tiles "
                                 f"('m', 'n') or ('n', 'm'), with k (if named) last")

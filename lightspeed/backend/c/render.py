@@ -34,7 +34,7 @@ from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
                   for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qdot16x4.h", "qamx.h", "qvnni.h", "qgemm.h",
-                            "qdot16k.h", "hgemm.h"))
+                            "qdot16k.h", "hgemm.h", "idot.h"))
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
@@ -119,6 +119,7 @@ class KernelRenderer:
         self.rename: dict[sym.Var, str] = {}  # loop variables rendered as an expression (unrolled copies)
         self.cse: Cse | None = None  # while an expression renders: its repeated subexpressions are named once
         self.gemm_support: dict[str, str] = {}  # micro-kernels the plan's gemm kernels call, by name
+        self.uses_integer_dot = False  # a matvec rendered an IntegerDot form (matvec.py): its launch type
         self.gemm_widths: set[int] = set()  # vector lane counts they use
         self.pack_floats = 0  # floats of the per-thread packing buffer they need
         self.start_kernel(None)
@@ -758,7 +759,9 @@ def render_plan(plan: KernelPlan, profile: bool = False, schedule=None) -> str:
         support = (vector_helpers(r.gemm_widths) + "\n".join(r.gemm_support.values()) + "\n"
                    f"static _Thread_local float ls_pack_buf[{r.pack_floats}] __attribute__((aligned(64)));\n")
     header = ("typedef struct { const ls_args *a; void *p[" + str(max_ptrs) + "]; } ls_launch;\n"
-              "typedef struct { void (*run)(const ls_launch *); int n; int64_t ptr[" + str(max_ptrs)
+              + ("typedef struct { ls_launch l; const int16_t *qa; const float *qs; } ls_idot_launch;\n"
+                 if r.uses_integer_dot else "")
+              + "typedef struct { void (*run)(const ls_launch *); int n; int64_t ptr[" + str(max_ptrs)
               + "]; } ls_step;\n")
     funcs = []
     for (body, launch), name in functions.items():

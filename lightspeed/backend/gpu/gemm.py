@@ -29,7 +29,8 @@ from ... import symbolic as sym
 from ...kernel.heuristics import GpuTarget
 from ...kernel.ir import dense_offset
 from ...kernel.matmul_form import MatmulForm
-from ...kernel.schedule import Order, Pack, Register, Schedule, ScheduleError, SplitReduce, Tile, Unroll, Vectorize
+from ...kernel.schedule import (IntegerDot, Order, Pack, Register, Schedule, ScheduleError, SplitReduce, Tile, Unroll,
+                                Vectorize)
 
 AXES = ("m", "n", "k")
 ALONG = {"a": ("k", "m"), "b": ("n", "k")}  # the axes each operand's panel can be loaded along
@@ -48,6 +49,8 @@ def gpu_gemm_sizes(s: Schedule, target: GpuTarget | None = None) -> dict:
                                 "few-rows form splits long sums across a group)")
         if isinstance(step, Register) and step.axis == "k" or isinstance(step, Vectorize) and step.axis != "n":
             raise ScheduleError(f"GPU gemm schedule: {step} is not applied (blocks are of m and n, runs along n)")
+        if isinstance(step, IntegerDot):
+            raise ScheduleError(f"GPU gemm schedule: {step} is not applied (the GPU kernels sum in float)")
         if isinstance(step, Unroll) and step.axis != "k":
             raise ScheduleError(f"GPU gemm schedule: {step} is not applied (only the step loop over k unrolls)")
         if isinstance(step, Order) and tuple(step.axes) not in ORDERS:
