@@ -93,9 +93,9 @@ def test_copy_with_release_never_holds_a_large_file_twice(tmp_path, monkeypatch)
     peak = []
     real_release = memory.release_file_pages
 
-    def watch(arrays):  # resident pages of the source just before each chunk's release
+    def watch(arrays, maps=None):  # resident pages of the source just before each chunk's release
         peak.append(int(_smaps_entry(view.ctypes.data)["Rss"].split()[0]))
-        return real_release(arrays)
+        return real_release(arrays, maps)
     monkeypatch.setattr(memory, "release_file_pages", watch)
     copy = region.copy(view, release=True)
     np.testing.assert_array_equal(copy, values)

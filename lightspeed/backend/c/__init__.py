@@ -70,9 +70,10 @@ def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
     if not todo:
         return out
     region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k, _ in todo))
+    maps = memory.read_mappings()  # once for every copy: the file mappings do not change while they run
     for k, key in todo:
         # chunk by chunk, so a large weight is not resident twice while it is copied
-        out[k] = region.copy(arrays[k], release=True)
+        out[k] = region.copy(arrays[k], release=True, maps=maps)
         if not arrays[k].flags.writeable:  # a writable source may change: its next program copies it again
             _COPIES[key] = (weakref.ref(out[k]), arrays[k])
             weakref.finalize(out[k], _COPIES.pop, key, None)
