@@ -19,7 +19,7 @@ import lightspeed as ls
 from lightspeed import symbolic as sym
 from lightspeed.graph import Program, describe
 from frontend_cases import CASES, DIM_BOUNDS, build_graph
-from gpu_schedules import gpu_gemm_schedules, matmul_cases
+from gpu_schedules import check_against_reference, gpu_gemm_schedules, matmul_cases
 from lightspeed.backend.cuda import CudaUnavailableError, available, compile_cubins
 from lightspeed.backend.cuda.driver import Device
 
@@ -169,10 +169,7 @@ def test_random_gemm_schedules_on_device(data: st.DataObject) -> None:
     schedule = data.draw(gpu_gemm_schedules(max_group=1024))
     note(f"schedule {schedule}")
     prog = g.compile(outs, backend="cuda", schedules=lambda k: schedule)
-    ref = g.compile(outs, backend="reference")
-    for rows in lengths:
-        for i, (got, want) in enumerate(zip(prog(**arrays(rows)), ref(**arrays(rows)))):
-            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"output {i}, seq={rows}")
+    check_against_reference(g, outs, prog, arrays, lengths)
 
 
 @pytest.mark.skipif(DEVICE_REASON is None, reason="a CUDA device is present")

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import lightspeed as ls
-from gpu_schedules import gpu_gemm_schedules, matmul_cases
+from gpu_schedules import check_against_reference, gpu_gemm_schedules, matmul_cases
 from lightspeed.backend.gpu import form_plan
 from lightspeed.backend.gpu.gemm import gpu_gemm_sizes
 from lightspeed.backend.opencl import unavailable_reason
@@ -45,10 +45,7 @@ def test_random_schedules_match_reference_on_opencl(data: st.DataObject) -> None
     threads = gpu_gemm_sizes(schedule)["THREADS"]
     tiled = [launch for launch in prog.executor.gpu.kernels if launch.name in {k.name for k in kernels}]
     assert len(tiled) == 3 and all(launch.block == threads for launch in tiled)
-    ref = g.compile(outs, backend="reference")
-    for rows in lengths:
-        for i, (got, want) in enumerate(zip(prog(**arrays(rows)), ref(**arrays(rows)))):
-            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"output {i}, seq={rows}")
+    check_against_reference(g, outs, prog, arrays, lengths)
 
 
 def _program(k: int = 48) -> tuple:
