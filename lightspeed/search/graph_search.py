@@ -19,7 +19,8 @@ from ..graph import Program
 from ..rewrite import rewrite_program, rules
 from .check import validate_program
 from .cost import CostModel
-from .lowering import Decision, find_alternatives, lowered_program_cost
+from .decision import Decision
+from .lowering import find_alternatives, lowered_program_cost
 
 
 @dataclass

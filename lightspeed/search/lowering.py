@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..graph import ArrayConst, Node, Program
 from ..ops import REDUCE, Op
 from .cost import OP_FLOPS, CostModel, numel, program_cost
+from .decision import Decision
 
 
 @dataclass(eq=False)
@@ -28,18 +29,6 @@ class Alternative:
     reads: tuple[Node, ...]
     flops: float
     out_bytes: int
-
-
-@dataclass
-class Decision:
-    """One alternative as extraction saw it: seconds of the lowered kernel and of the primitive nodes it
-    would replace (values both read are left out), and whether the lowered kernel was chosen."""
-
-    kind: str
-    node: int
-    lowered_s: float
-    primitive_s: float
-    chosen: bool
 
 
 @dataclass

@@ -25,6 +25,7 @@ from ...shape import ShapeTracker
 from ...tensor import Tensor
 from ...rewrite.views import compose
 from ..cost import OP_FLOPS, CostModel, numel
+from ..decision import Decision
 from .encode import NAME_OPS, Encoding, bits_float32
 
 INF = float("inf")
@@ -189,8 +190,7 @@ class Extractor:
 
     def _decide_lowered(self) -> list:
         """Per e-class with a lowered kernel: the lowered kernel or its cheapest primitive e-node (see the
-        module docstring); ``best`` is set accordingly. Returns ``lowering.Decision`` rows."""
-        from ..lowering import Decision
+        module docstring); ``best`` is set accordingly. Returns ``Decision`` rows."""
         rows = []
         for cls, enodes in self.eg.classes.items():
             lowered = [e for e in enodes if e.op == "Lowered"]
@@ -215,7 +215,7 @@ class Extractor:
         return rows
 
     def lowered_decisions(self) -> list:
-        """``lowering.Decision`` rows: each lowered alternative, its cost, its primitive form's, and the choice."""
+        """``Decision`` rows: each lowered alternative, its cost, its primitive form's, and the choice."""
         return list(self.decisions)
 
     def dag_cost(self, classes: list[str], stop: set[str] | None = None) -> float:
