@@ -15,7 +15,6 @@ import lightspeed as ls
 from lightspeed import frontend as F
 from lightspeed import symbolic as sym
 from lightspeed.backend.c.attention_skip import key_mask
-from lightspeed.search import knobs as K
 
 SMALL = {"ATTENTION_ROWS": 8, "ATTENTION_KEYS": 16}  # many blocks at small sizes
 
@@ -54,8 +53,7 @@ def inputs_for(rng, p: int, n: int, rows_per_pos: int = 1, dv: int = 16):
 
 
 def check(g, o, cases, rows_per_pos: int = 1, knobs=None, dv: int = 16):
-    with K.override(knobs or {}):
-        prog = g.compile([o], backend="c")
+    prog = g.compile([o], backend="c", knobs=knobs)
     ref = g.compile([o], backend="reference")
     rng = np.random.default_rng(0)
     for p, n in cases:
@@ -117,8 +115,7 @@ def test_non_monotone_masks_are_not_skipped():
     rng = np.random.default_rng(1)
     inputs = {"q": rand(rng, 2, 40, 16), "k": rand(rng, 2, 70, 16), "v": rand(rng, 2, 70, 16),
               "m": rng.random((40, 70)) < 0.3}
-    with K.override(SMALL):
-        prog = g.compile([o], backend="c")
+    prog = g.compile([o], backend="c", knobs=SMALL)
     assert key_mask(attention_templates(prog)[0]) is None
     np.testing.assert_allclose(prog(**inputs)[0], g.compile([o], backend="reference")(**inputs)[0],
                                rtol=3e-5, atol=3e-6)
@@ -145,8 +142,7 @@ def test_blocks_past_every_row_are_never_read():
     a NaN in value row 63 cannot reach them (it would if block 48..63 were computed: 0 * NaN), while
     the rows that see key 63 are NaN."""
     g, o = build(lambda g, qp, kp: None)
-    with K.override(SMALL):
-        prog = g.compile([o], backend="c")
+    prog = g.compile([o], backend="c", knobs=SMALL)
     rng = np.random.default_rng(2)
     inputs = inputs_for(rng, 0, 64)
     inputs["v"][:, 63] = np.nan

@@ -112,12 +112,15 @@ def test_options_that_shape_the_source_miss(option):
 
 
 def test_overridden_knobs_and_thresholds_miss(monkeypatch):
+    from lightspeed.backend.c import render
     from lightspeed.kernel import fusion
-    from lightspeed.search import knobs
     compile_checked(*model())
-    with knobs.override({"TILE": 8, "ROW_BLOCK": 2, "PARALLEL_GRAIN": 1 << 12}):
-        _, hit = compile_checked(*model())
+    _, hit = compile_checked(*model(), knobs={"TILE": 8, "ROW_BLOCK": 2, "PARALLEL_GRAIN": 1 << 12})
     assert not hit
+    monkeypatch.setattr(render, "TILE", 8)  # a renderer default changed: its value is part of the key
+    _, hit = compile_checked(*model())
+    assert not hit
+    monkeypatch.undo()
     monkeypatch.setattr(fusion, "RECOMPUTE_MAX_COST", 0)
     _, hit = compile_checked(*model())
     assert not hit

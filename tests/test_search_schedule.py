@@ -31,16 +31,22 @@ def matmul_softmax(n: int = 96):
     return g, [(x @ w).softmax(-1) * 2.0]
 
 
-def test_override_restores_and_rejects_unknown_knobs():
-    before = K.defaults()
-    with K.override({"TILE": 32, "ATTENTION_KEYS": 128}):
-        assert c_render.TILE == 32
-        with K.override({"TILE": 8}):
-            assert c_render.TILE == 8
-        assert c_render.TILE == 32
-    assert K.defaults() == before
+def test_override_edits_the_kernels_schedule_and_rejects_unknown_knobs():
+    """Knobs are steps appended to one kernel's schedule while it renders: nothing global changes (the
+    renderers' defaults stay), the schedule is restored after, and nested overrides stack."""
+    g, outs = matmul_softmax()
+    plan = form_kernels(Program.build(g, outs), gemm=False)
+    (tiled,) = [k for k in plan.kernels if k.kind == "tiled"]
+    before, saved = K.defaults(), tiled.schedule
+    with K.override({"TILE": 32, "ATTENTION_KEYS": 128}, tiled):
+        assert tiled.schedule.size(Register, "n", 0) == 32 and tiled.schedule.find(Tile) is None
+        with K.override({"TILE": 8}, tiled):
+            assert tiled.schedule.size(Register, "n", 0) == 8
+        assert tiled.schedule.size(Register, "n", 0) == 32
+        assert c_render.TILE == before["TILE"]
+    assert tiled.schedule is saved and K.defaults() == before
     with pytest.raises(ValueError, match="unknown schedule knobs"):
-        with K.override({"TILES": 4}):
+        with K.override({"TILES": 4}, tiled):
             pass
 
 
@@ -112,8 +118,8 @@ def test_search_checks_times_caches_and_respects_the_budget(monkeypatch):
     def render(plan_, profile=False, schedule=None):
         src = real_render(plan_, profile=profile, schedule=schedule)
         if schedule is not None:
-            with schedule(tiled):
-                is_broken = c_render.TILE == 32  # rendering under the broken candidate's knobs
+            with schedule(tiled):  # rendering under the broken candidate's knobs
+                is_broken = tiled.schedule is not None and tiled.schedule.size(Register, "n", 0) == 32
             if is_broken:
                 src = re.sub(r"(acc\[\w+\]\[jj\]) \+= \(", r"\1 -= (", src)  # wrong sums
                 assert "-= (" in src
@@ -208,3 +214,21 @@ def test_level_two_uses_the_e_graph(monkeypatch):
     rng = np.random.default_rng(0)
     xs, as_, bs = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(3))
     np.testing.assert_allclose(prog(x=xs, a=as_, b=bs)[0], xs * as_ + xs * bs, rtol=1e-5, atol=1e-5)
+
+
+def test_knobs_option_edits_every_kernel_that_reads_them():
+    """``g.compile(..., knobs=...)``: the tiled reduction's block comes from its schedule (no module constant
+    changes), a gemm kernel given only a grain keeps the heuristics' tiles, and the values stay right."""
+    from lightspeed.kernel.schedule import Grain
+    g, outs = matmul_softmax()
+    plain = g.compile(outs, backend="c", gemm=False)
+    tiled = g.compile(outs, backend="c", gemm=False, knobs={"TILE": 8, "ROW_BLOCK": 2})
+    assert "acc[4][16]" in plain.executor.source and "acc[2][8]" in tiled.executor.source
+    assert c_render.TILE == 16 and c_render.ROW_BLOCK == 4
+    gemm = g.compile(outs, backend="c", knobs={"PARALLEL_GRAIN": 1})
+    (k,) = [k for k in gemm.executor.plan.kernels if k.kind == "gemm"]
+    assert k.schedule.find(Grain).ops == 1 and k.schedule.find(Tile) is not None
+    x, w = (np.random.default_rng(k).standard_normal((96, 96)).astype(np.float32) for k in range(2))
+    want = g.compile(outs, backend="reference")(x=x, w=w)[0]
+    for prog in (tiled, gemm):
+        np.testing.assert_allclose(prog(x=x, w=w)[0], want, rtol=1e-4, atol=1e-6)

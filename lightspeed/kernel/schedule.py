@@ -8,7 +8,8 @@ maps them to its target (threads and SIMD lanes on a CPU, blocks and threads on 
 Axes are named by their role in the kernel's form. A matmul-like kernel (``matmul_form.py``) has
 ``"m"`` (rows of the left operand), ``"n"`` (columns of the right operand, the contiguous output axis)
 and ``"k"`` (the reduced axis); other kernels name output axes ``"o0"``, ``"o1"``, ... and their
-top-level reduction ``"r"``.
+top-level reduction ``"r"``; a "tiled" reduction blocks its rows ``"m"`` and columns ``"n"``, a streaming
+attention its query rows ``"q"``, its keys ``"keys"`` and its head dimension ``"d"``.
 
 Example, a float32 matmul on a CPU with 512-bit vectors::
 
@@ -87,16 +88,23 @@ class IntegerDot:
 
 
 @dataclass(frozen=True)
+class Grain:
+    """Run the kernel's work items on the calling thread when its estimated operations are below ``ops`` (a
+    parallel loop costs more than it saves on small work)."""
+    ops: int
+
+
+@dataclass(frozen=True)
 class Order:
     """Loop order of the tile loops, outermost first."""
     axes: tuple[str, ...]
 
 
-Step = Union[Parallel, Tile, Register, Vectorize, Unroll, SplitReduce, Pack, IntegerDot, Order]
+Step = Union[Parallel, Tile, Register, Vectorize, Unroll, SplitReduce, Pack, IntegerDot, Grain, Order]
 STEP_TYPES: dict[str, type] = {t.__name__: t for t in (Parallel, Tile, Register, Vectorize, Unroll, SplitReduce,
-                                                        Pack, IntegerDot, Order)}
+                                                        Pack, IntegerDot, Grain, Order)}
 SIZED = {Tile: "size", Register: "size", Vectorize: "width", Unroll: "factor", SplitReduce: "parts",
-         IntegerDot: "bits"}
+         IntegerDot: "bits", Grain: "ops"}
 
 
 class ScheduleError(ValueError):

@@ -1,56 +1,34 @@
 """Schedule knobs: what a kernel-level search may change, per kind of kernel.
 
-A gemm kernel's knobs edit its own schedule (``kernel.schedule``: tile sizes, the unroll of k, the parts k
-is split into and the order of the tiles), so nothing global changes. The older kinds still have knobs that
-are module-level constants of a C renderer (``render.TILE``, ``attention.ROWS``, ...), read when a kernel
-renders, so rendering one kernel inside ``override(knobs)`` renders it with other values. Which knobs apply
-depends on the kernel's kind: a tiled reduction has a tile width and a row block, the streaming attention a
-query block and a key block; the quantized matmul template is left alone (its decode helpers assume its row
-block).
+Every knob edits the kernel's own schedule (``kernel.schedule``; the vocabulary is
+kernel/schedule_knobs.py: a tiled reduction's blocks, a gemm kernel's tile sizes, the unroll of k, the parts
+k is split into and the order of the tiles, a streaming attention's query and key blocks and vector width,
+any kernel's parallel grain), so nothing global changes: rendering a kernel inside ``override(knobs,
+kernel)`` renders it with other values, and concurrent renders do not interfere. The defaults are the
+renderers' (``render.TILE``, ``attention.ROWS``, ...), which nothing writes.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 from typing import Iterator
 
 from ..backend.c import attention as c_attention
 from ..backend.c import render as c_render
 from ..kernel import ir
-from ..kernel.schedule import Order, Register, Schedule, SplitReduce, Tile, Unroll
+from ..kernel.schedule import Schedule
+from ..kernel.schedule_knobs import BY_KIND, check_knobs, knob_steps, with_knobs
 
-# knob name -> (module, attribute)
-KNOBS = {
-    "TILE": (c_render, "TILE"),
-    "ROW_BLOCK": (c_render, "ROW_BLOCK"),
-    "PARALLEL_GRAIN": (c_render, "PARALLEL_GRAIN"),
-    "ATTENTION_ROWS": (c_attention, "ROWS"),
-    "ATTENTION_KEYS": (c_attention, "KEYS"),
-    "ATTENTION_VECTOR_BYTES": (c_attention, "VECTOR_BYTES"),
+# the renderers' defaults of the knobs that are not gemm schedule steps (gemm kernels' come from heuristics)
+DEFAULTS = {
+    "TILE": c_render.TILE,
+    "ROW_BLOCK": c_render.ROW_BLOCK,
+    "PARALLEL_GRAIN": c_render.PARALLEL_GRAIN,
+    "ATTENTION_ROWS": c_attention.ROWS,
+    "ATTENTION_KEYS": c_attention.KEYS,
+    "ATTENTION_VECTOR_BYTES": c_attention.VECTOR_BYTES,
 }
-
-# knobs that edit a kernel's own schedule (kernel.schedule.Schedule) instead of a module constant: name ->
-# (schedule step type, axis); a search's choice for a kernel becomes steps appended to its schedule. The
-# order's value is its axes as one string, outermost first ("nm": Order(("n", "m"))), so it stores as JSON
-SCHEDULE_KNOBS = {
-    "GEMM_TILE_M": (Tile, "m"),
-    "GEMM_TILE_N": (Tile, "n"),
-    "GEMM_TILE_K": (Tile, "k"),
-    "GEMM_UNROLL_K": (Unroll, "k"),
-    "GEMM_SPLIT_K": (SplitReduce, "k"),
-    "GEMM_ORDER": (Order, None),
-}
-
-# knobs that matter for each kernel schedule
-BY_SCHEDULE = {
-    "gemm": ("GEMM_TILE_M", "GEMM_TILE_N", "GEMM_TILE_K", "GEMM_UNROLL_K", "GEMM_SPLIT_K", "GEMM_ORDER",
-             "PARALLEL_GRAIN"),
-    "tiled": ("TILE", "ROW_BLOCK", "PARALLEL_GRAIN"),
-    "loop": ("PARALLEL_GRAIN",),
-    "scatter": ("PARALLEL_GRAIN",),
-    "attention": ("ATTENTION_ROWS", "ATTENTION_KEYS", "ATTENTION_VECTOR_BYTES"),
-}
+BY_SCHEDULE = BY_KIND  # knobs that matter for each kind of kernel
 
 # values tried, per knob (level 2 tries all combinations; level 1 the QUICK configurations)
 VALUES = {
@@ -78,12 +56,10 @@ QUICK = [
      "GEMM_TILE_N": 512, "GEMM_UNROLL_K": 8},
 ]
 
-_LOCK = threading.RLock()  # knobs are module globals: one rendering at a time may override them
-
 
 def defaults() -> dict[str, int]:
-    """The knobs' current (heuristic) values."""
-    return {name: getattr(mod, attr) for name, (mod, attr) in KNOBS.items()}
+    """The renderers' default values of the knobs that are not gemm steps."""
+    return dict(DEFAULTS)
 
 
 def relevant(kernel: ir.Kernel, knobs: dict) -> dict:
@@ -93,58 +69,23 @@ def relevant(kernel: ir.Kernel, knobs: dict) -> dict:
 
 
 def schedule_steps(schedule: Schedule, knobs: dict) -> Schedule:
-    """``schedule`` edited by the schedule knobs in ``knobs`` (tiles rounded up to whole register blocks; the
-    order from its string of axes)."""
-    steps = []
-    for name, value in knobs.items():
-        if name not in SCHEDULE_KNOBS:
-            continue
-        kind, axis = SCHEDULE_KNOBS[name]
-        if kind is Order:
-            steps.append(Order(tuple(str(value))))
-            continue
-        if kind is Tile and axis in ("m", "n"):
-            r = schedule.size(Register, axis, 1)
-            value = max(r, (int(value) + r - 1) // r * r)
-        steps.append(kind(axis, int(value)))
+    """``schedule`` edited by ``knobs`` (tiles rounded up to whole register blocks; the order from its string
+    of axes)."""
+    steps = knob_steps(schedule, knobs)
     return schedule.with_steps(*steps) if steps else schedule
 
 
 @contextlib.contextmanager
-def _edited_schedule(kernel: ir.Kernel | None, knobs: dict) -> Iterator[None]:
-    """``kernel.schedule`` edited by ``knobs`` while the block runs (the kernel object alone changes)."""
-    if kernel is None or kernel.schedule is None or not any(k in SCHEDULE_KNOBS for k in knobs):
-        yield
-        return
+def override(knobs: dict, kernel: ir.Kernel) -> Iterator[None]:
+    """Render ``kernel`` with ``knobs`` (name -> value; those its kind reads) appended to its schedule,
+    restoring the schedule afterwards. Unknown knob names raise ValueError."""
+    check_knobs(knobs)
     saved = kernel.schedule
-    kernel.schedule = schedule_steps(saved, knobs)
+    kernel.schedule = with_knobs(saved, kernel.kind, knobs)
     try:
         yield
     finally:
         kernel.schedule = saved
-
-
-@contextlib.contextmanager
-def override(knobs: dict, kernel: ir.Kernel | None = None) -> Iterator[None]:
-    """Render with ``knobs`` (name -> value) in place of the defaults, restoring them afterwards; schedule
-    knobs (SCHEDULE_KNOBS) edit ``kernel``'s schedule instead."""
-    unknown = [k for k in knobs if k not in KNOBS and k not in SCHEDULE_KNOBS]
-    if unknown:
-        raise ValueError(f"unknown schedule knobs {unknown}; known: {sorted(KNOBS) + sorted(SCHEDULE_KNOBS)}")
-    with _LOCK, _edited_schedule(kernel, knobs):
-        saved = {}
-        try:
-            for name, value in knobs.items():
-                if name in SCHEDULE_KNOBS:
-                    continue
-                mod, attr = KNOBS[name]
-                saved[name] = getattr(mod, attr)
-                setattr(mod, attr, value)
-            yield
-        finally:
-            for name, value in saved.items():
-                mod, attr = KNOBS[name]
-                setattr(mod, attr, value)
 
 
 def per_kernel(choice: dict[str, dict]):

@@ -112,7 +112,9 @@ class CBackend:
     program compiled before, skipping kernel formation and rendering; see plan_cache.py), ``gemm`` (False
     keeps matmul-like reductions in plain loops instead of packed, register-blocked "gemm" kernels),
     ``schedules`` (a function kernel -> kernel.schedule.Schedule or None: the schedule of each gemm kernel
-    in place of the heuristics' default; see docs/architecture.md, "Schedules")."""
+    in place of the heuristics' default; see docs/architecture.md, "Schedules"), ``knobs`` (name -> value, e.g.
+    ``{"TILE": 8, "ATTENTION_KEYS": 64}``: edits of every kernel's schedule that reads them,
+    kernel/schedule_knobs.py)."""
 
     writes_into = True  # run(..., out=) writes outputs into the caller's arrays
 
@@ -120,7 +122,7 @@ class CBackend:
                  templates: bool = True, profile: bool = False, portable: bool = False,
                  activations: str = "float", int8_activations: bool = False, search: int = 0,
                  search_budget_s: float | None = None, search_dims: dict | None = None, huge_pages: bool = True,
-                 plan_cache: bool = True, gemm: bool = True, schedules=None):
+                 plan_cache: bool = True, gemm: bool = True, schedules=None, knobs: dict | None = None):
         t0 = time.perf_counter()
         self.program = program
         # a program compiled before (same structure, options and code) skips formation and rendering
@@ -129,9 +131,10 @@ class CBackend:
         # a 435 MB arena for SmolLM2 with templates=False)
         mode, quant_rows_max = resolve_activations(activations, int8_activations)
         form_options = dict(use_templates=templates, activations=mode, gemm=gemm, byte_loads=True, fuse_reduced=True)
-        cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None,
+        cached = lookup_plan(program, form_options, enabled=plan_cache and not search and schedules is None
+                             and not knobs,
                              profile=profile, portable=portable, quant_rows_max=quant_rows_max)
-        self.plan = cached.plan or form_c_plan(program, form_options, choose=schedules)
+        self.plan = cached.plan or form_c_plan(program, form_options, choose=schedules, knobs=knobs)
         self.profile = profile
         schedule, self.search_report = None, None
         if search:  # --- search hook (lightspeed/search): graph rewrites, then measured kernel schedules

@@ -20,6 +20,7 @@ from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.attention import MAX_STAGED_DEPTH, AttentionKernel
 from ...kernel.ir import coefficient, dense_offset, ir_vars
+from ...kernel.schedule import Schedule, Tile, Vectorize
 from . import attention_split as ks
 from .ctext import float_literal
 from .attention_skip import block_test, key_mask, pass_close, pass_open
@@ -32,6 +33,7 @@ KEYS = 32  # keys per streamed block (a multiple of 16)
 TILES = {64: (4, 4), 32: (4, 2), 16: (4, 2)}
 FEW_ROWS = 4  # a work item with fewer query rows than this (decode) computes dot products row by row
 VECTOR_BYTES = 0  # 0: one tiling per vector width, chosen by the compiler's target; else only this width
+# (ROWS, KEYS and VECTOR_BYTES are defaults: a kernel's schedule sets its own, see render_attention)
 
 
 def _replace(x: ir.IR, target: ir.IR, new: ir.IR) -> ir.IR:
@@ -79,12 +81,12 @@ def split_product(t: AttentionKernel) -> _Product | None:
     return None
 
 
-def _vector_widths(schedule: dict | None) -> list[tuple[str, int]]:
-    """(preprocessor condition, vector bytes) of the tilings to emit."""
-    if schedule and "vector_bytes" in schedule:
-        return [("1", int(schedule["vector_bytes"]))]
-    if VECTOR_BYTES:
-        return [("1", VECTOR_BYTES)]
+def _vector_widths(schedule: Schedule) -> list[tuple[str, int]]:
+    """(preprocessor condition, vector bytes) of the tilings to emit: one of ``Vectorize("d", lanes)`` floats
+    when the schedule fixes it, else one per vector width, chosen by the compiler's target."""
+    lanes = schedule.size(Vectorize, "d", VECTOR_BYTES // 4)
+    if lanes:
+        return [("1", 4 * lanes)]
     return [("defined(__AVX512F__)", 64), ("defined(__AVX__)", 32), ("1", 16)]
 
 
@@ -102,16 +104,17 @@ def _conditional(variants: list[tuple[str, list[str]]]) -> list[str]:
     return out
 
 
-def render_attention(r, k: ir.Kernel, schedule: dict | None = None) -> tuple[str, str]:
+def render_attention(r, k: ir.Kernel) -> tuple[str, str]:
     """(the kernel's static function, its launch statement) for renderer ``r`` (a KernelRenderer).
 
-    ``schedule`` may override ``rows``, ``keys`` and ``vector_bytes`` (a kernel-level search knob)."""
+    The kernel's schedule may set its query rows per item (``Tile("q")``), its keys per block
+    (``Tile("keys")``) and its vector width (``Vectorize("d")``, floats); ROWS, KEYS, VECTOR_BYTES otherwise."""
     PARALLEL_GRAIN = r.parallel_grain()
-    schedule = schedule or {}
+    schedule = k.schedule if k.schedule is not None else Schedule()
     t: AttentionKernel = k.template
     vars_ = list(k.loop_vars)
     prefix, shape = vars_[:-2], list(k.shape)
-    QB, KB, EV = int(schedule.get("rows", ROWS)), int(schedule.get("keys", KEYS)), t.width
+    QB, KB, EV = schedule.size(Tile, "q", ROWS), schedule.size(Tile, "keys", KEYS), t.width
     C = float_literal(float(t.c))
     prod = split_product(t)
     split = ks.active_split(k, t, QB, KB, FEW_ROWS)  # decode's keys split across items (attention_split.py)

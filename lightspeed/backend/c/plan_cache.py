@@ -73,9 +73,9 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-# modules whose upper-case globals (heuristic thresholds, schedule knobs such as render.TILE) shape the
-# plan or the source: their current values are part of the key, so overriding one (search.knobs.override,
-# a benchmark, a test) misses instead of reusing a source rendered under other values
+# modules whose upper-case globals (heuristic thresholds, the renderers' defaults such as render.TILE) shape
+# the plan or the source: their current values are part of the key, so changing one (a benchmark or a test
+# that sets a module constant) misses instead of reusing a source rendered under other values
 STATE_MODULES = ("lightspeed.kernel", "lightspeed.backend.c")
 
 

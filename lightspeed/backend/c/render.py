@@ -20,6 +20,7 @@ from ...kernel import ir
 from ...kernel.fusion import KernelPlan
 from ...kernel.ir import dense_offset, loop_var
 from ...kernel.heuristics import Target, gemm_schedule
+from ...kernel.schedule import Grain, Register, Schedule
 from ...kernel.matmul_form import inner_var, match_matmul
 from ...kernel.quantized import (FEW_ROWS_INT16_QTYPES, HALF_QTYPES, TEMPLATE_QTYPES, activation_scratch_layout,
                                  quantized_rows_bound)
@@ -35,6 +36,7 @@ from .loop_split import Split, split_inner, split_reductions, substitute
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
                   for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qdot16x4.h", "qamx.h", "qvnni.h", "qgemm.h",
                             "qdot16k.h", "hgemm.h", "idot.h"))
+# defaults of what a kernel's schedule may set (Grain, a tiled kernel's Register n / m): read, never written
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
 SHORT_REDUCE = 8  # a constant reduction of at most this many terms is written out term by term
@@ -130,6 +132,10 @@ class KernelRenderer:
         self.n = 0
         self.local: dict[sym.Var, str] = {}
         self.kbufs: dict[int, int] = {}
+        # the kernel's schedule (kernel/schedule.py): what its form reads of it (grain, tiled blocks) is read
+        # when it renders, so a search that edits the schedule changes this kernel alone
+        self.kernel_schedule = k.schedule if k is not None and k.schedule is not None else Schedule()
+        self.kernel_kind = k.kind if k is not None else None
         if k is not None:
             for b in self.kernel_buffers(k):
                 self.kbufs[id(b)] = len(self.kbufs)
@@ -386,8 +392,11 @@ class KernelRenderer:
             if k.epilogue is not None:  # in place over the output: reads each element, then stores it
                 epilogue_pass = self.loop_kernel(dataclasses.replace(k, value=k.epilogue, kind="loop",
                                                                      epilogue=None), "loop")
-            return render_gemm(self, k, k.schedule or gemm_schedule(self.target), form, small,
-                               dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN, epilogue_pass)
+            sched = k.schedule
+            if sched is None or sched.find(Register) is None:  # knobs alone (a grain): the heuristics' under them
+                sched = gemm_schedule(self.target).with_steps(*(sched.steps if sched is not None else ()))
+            return render_gemm(self, k, sched, form, small,
+                               dense_offset(k.loop_vars, k.shape), self.parallel_grain(), epilogue_pass)
         if k.kind == "loop":
             form = match_matmul(k.value, k.loop_vars)  # a matmul too small for a gemm kernel (a matvec)
             if form is not None:
@@ -403,7 +412,7 @@ class KernelRenderer:
         blocks = blocked_form(form, k)
         if blocks is None:
             return self.loop_kernel(self.blocked_reductions(k), "loop")
-        return render_matvec(self, k, form, blocks, dense_offset(k.loop_vars, k.shape), PARALLEL_GRAIN)
+        return render_matvec(self, k, form, blocks, dense_offset(k.loop_vars, k.shape), self.parallel_grain())
 
     @staticmethod
     def blocked_reductions(k: ir.Kernel) -> ir.Kernel:
@@ -412,8 +421,19 @@ class KernelRenderer:
         return k if value is k.value else dataclasses.replace(k, value=value)
 
     def parallel_grain(self) -> int:
-        """Estimated operations below which a kernel runs on the calling thread (read when it renders)."""
-        return PARALLEL_GRAIN
+        """Estimated operations below which the kernel rendering now runs on the calling thread: its
+        schedule's ``Grain``, else ``PARALLEL_GRAIN``."""
+        g = self.kernel_schedule.find(Grain)
+        return g.ops if g is not None else PARALLEL_GRAIN
+
+    def tiled_blocks(self) -> tuple[int, int]:
+        """(TILE columns, ROW_BLOCK rows) a tiled reduction accumulates per step: a "tiled" kernel's schedule
+        (``Register("n")``, ``Register("m")``) over the module defaults; a gemm kernel's few-rows tiled form
+        keeps the defaults (its schedule's register block is the micro-kernel's)."""
+        if self.kernel_kind != "tiled":
+            return TILE, ROW_BLOCK
+        s = self.kernel_schedule
+        return s.size(Register, "n", TILE), s.size(Register, "m", ROW_BLOCK)
 
     def loop_kernel(self, k: ir.Kernel, kind: str) -> tuple[str, str]:
         """A kernel of loop form ``kind`` ("loop", "tiled" or "scatter"): (function, launch)."""
@@ -422,12 +442,13 @@ class KernelRenderer:
             shape, vars_ = [1], [loop_var("ko_scalar", 1)]
         outer, last = shape[:-1], shape[-1]
         blocked = kind == "tiled" and len(outer) >= 1  # rows of the tiled reduction go MR at a time
+        rb = self.tiled_blocks()[1]  # rows a step of a tiled reduction accumulates
         lines = ["static void KFN(void *vctx, int64_t p0, int64_t p1) {",
                  "    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
         lines += [f"    {d}" for d in self.decls(k)]
         if blocked:
             M = self.idx(outer[-1])
-            P = self.idx(sym.mul(sym.prod(outer[:-1]), sym.floordiv(sym.add(outer[-1], ROW_BLOCK - 1), ROW_BLOCK)))
+            P = self.idx(sym.mul(sym.prod(outer[:-1]), sym.floordiv(sym.add(outer[-1], rb - 1), rb)))
         else:
             P = self.idx(sym.prod(outer)) if outer else "1"
         L = self.idx(last)
@@ -443,9 +464,9 @@ class KernelRenderer:
         decomposed = list(zip(vars_[:-1], outer))
         if blocked:
             decomposed = decomposed[:-1]
-            lines.append(f"        const int64_t m0 = (row % (({M} + {ROW_BLOCK - 1}) / {ROW_BLOCK})) * {ROW_BLOCK}; "
-                         f"row /= ({M} + {ROW_BLOCK - 1}) / {ROW_BLOCK};")
-            lines.append(f"        const int64_t mr = ls_min({ROW_BLOCK}, {M} - m0);")
+            lines.append(f"        const int64_t m0 = (row % (({M} + {rb - 1}) / {rb})) * {rb}; "
+                         f"row /= ({M} + {rb - 1}) / {rb};")
+            lines.append(f"        const int64_t mr = ls_min({rb}, {M} - m0);")
         for v, s in reversed(decomposed):
             lines.append(f"        const int64_t {self.var(v)} = row % {self.idx(s)}; row /= {self.idx(s)};")
         lines += ["        (void)row;", "        const int64_t jb = ch * C, je = ls_min(L, jb + C);"]
@@ -468,7 +489,7 @@ class KernelRenderer:
         lines += ["    }", "}"]
         work = sym.mul(sym.prod(shape), self.work_per_item(k.value))
         call = (f"    {{ const int64_t P = {P}, L = {L}; const int64_t n = P * ls_chunks(P, L);\n"
-                f"      if (({self.idx(work)}) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); "
+                f"      if (({self.idx(work)}) >= {self.parallel_grain()}) ls_parallel_for(KFN, &l, n); "
                 f"else KFN(&l, 0, n); }}")
         return "\n".join(lines), call
 
@@ -608,7 +629,8 @@ class KernelRenderer:
                   "        const int64_t n0 = p * R, n1 = ls_min(N, n0 + R);"]
         call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t R = {rows_per_item}, n = (N + R - 1) / R;"
                 f"{before_launch}\n"
-                f"      if ((M * N * {K}LL) >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
+                f"      if ((M * N * {K}LL) >= {self.parallel_grain()}) ls_parallel_for(KFN, &l, n); "
+                f"else KFN(&l, 0, n); }}")
         return lines, call
 
     def half_matmul(self, k: ir.Kernel) -> tuple[str, str]:
@@ -667,11 +689,12 @@ class KernelRenderer:
         return total
 
     def tiled_body(self, k: ir.Kernel, vars_, jv: str, row_var: sym.Var | None) -> list[str]:
-        """Accumulate a block of ROW_BLOCK rows x TILE columns per step of the reduced axis; full blocks are
+        """Accumulate a block of rows x columns (``tiled_blocks``) per step of the reduced axis; full blocks are
         unrolled over rows so that operands shared by the rows are loaded once (register blocking)."""
         red = k.value
         assert isinstance(red, ir.Reduce)
-        mr_max = ROW_BLOCK if row_var is not None else 1
+        tile, rb = self.tiled_blocks()
+        mr_max = rb if row_var is not None else 1
         out_t, acc_t = k.out.dtype, self._acc_type(red.dtype)
         nested = any(isinstance(y, (ir.Reduce, ir.Gather)) for y in red.body.walk())
         simd = "" if nested else "_Pragma(\"omp simd\") "
@@ -687,14 +710,14 @@ class KernelRenderer:
         generic = self.reduce_step(red, "acc[ii][jj]", self.expr(red.body))
         row_decl = f"const int64_t {rowname} = m0 + ii; " if rowname else ""
         mr = "mr" if row_var is not None else "1"
-        lines = [f"        for (int64_t j0 = jb; j0 < je; j0 += {TILE}) {{",
-                 f"            const int64_t jn = ls_min({TILE}, je - j0);",
-                 f"            {acc_t} acc[{mr_max}][{TILE}];",
-                 f"            for (int ii = 0; ii < {mr_max}; ii++) for (int jj = 0; jj < {TILE}; jj++) "
+        lines = [f"        for (int64_t j0 = jb; j0 < je; j0 += {tile}) {{",
+                 f"            const int64_t jn = ls_min({tile}, je - j0);",
+                 f"            {acc_t} acc[{mr_max}][{tile}];",
+                 f"            for (int ii = 0; ii < {mr_max}; ii++) for (int jj = 0; jj < {tile}; jj++) "
                  f"acc[ii][jj] = {self.reduce_init(red)};",
-                 f"            if ({mr} == {mr_max} && jn == {TILE}) {{",
+                 f"            if ({mr} == {mr_max} && jn == {tile}) {{",
                  f"                for (int64_t {rv} = 0; {rv} < {size}; {rv}++) {{",
-                 f"                    {simd}for (int64_t jj = 0; jj < {TILE}; jj++) {{",
+                 f"                    {simd}for (int64_t jj = 0; jj < {tile}; jj++) {{",
                  f"                        const int64_t {jv} = j0 + jj;"]
         lines += [f"                        {step};" for step in unrolled]
         lines += ["                    }", "                }",
@@ -742,7 +765,7 @@ def render_plan(plan: KernelPlan, profile: bool = False, schedule=None) -> str:
     steps (launcher + buffer pointers), which keeps the source, and the compile, small. With
     ``profile``, ``ls_graph`` also accumulates the nanoseconds of step ``k`` in ``ls_profile_ns[k]``.
     ``schedule`` (search hook) maps a kernel to a context manager under which it is rendered, e.g. one
-    that overrides TILE and ROW_BLOCK for it (lightspeed/search/knobs.py)."""
+    that edits its schedule's tiled blocks (lightspeed/search/knobs.py)."""
     r = KernelRenderer(plan)
     dims = "".join(f"const int64_t D_{v.name} = a->dims[{i}]; (void)D_{v.name}; " for i, v in enumerate(plan.dims))
     functions: dict[tuple[str, str], str] = {}  # (body, launch) -> name

@@ -16,6 +16,7 @@ from ... import symbolic as sym
 from ...kernel.heuristics import Target, gemm_schedule
 from ...kernel.matmul_form import match_matmul
 from ...kernel.schedule import IntegerDot, Schedule
+from ...kernel.schedule_knobs import check_knobs, with_knobs
 from .gemm import gemm_sizes
 from .target import host_target
 
@@ -67,9 +68,16 @@ def _static_sizes(k: ir.Kernel, form) -> tuple[int | None, int | None, int | Non
     return static(k.shape[form.n]), static(k.shape[form.m]), static(form.reduce.size), static(batch)
 
 
-def form_c_plan(program: Program, form_options: dict, choose: ScheduleChoice | None = None) -> KernelPlan:
+def form_c_plan(program: Program, form_options: dict, choose: ScheduleChoice | None = None,
+                knobs: dict | None = None) -> KernelPlan:
     """The C backend's plan of ``program``: kernels formed with ``form_options``, elementwise readers of
-    matmuls folded in as epilogues, schedules assigned."""
-    return assign_schedules(fuse_epilogues(form_kernels(program, **form_options)), choose=choose,
+    matmuls folded in as epilogues, schedules assigned; ``knobs`` (kernel/schedule_knobs.py: name -> value)
+    then edit the schedule of every kernel that reads them."""
+    plan = assign_schedules(fuse_epilogues(form_kernels(program, **form_options)), choose=choose,
                             integer_dot=integer_dot_for(form_options))
+    if knobs:
+        check_knobs(knobs)
+        for k in plan.kernels:
+            k.schedule = with_knobs(k.schedule, k.kind, knobs)
+    return plan
 
