@@ -3,8 +3,8 @@
 Each shape (``M x K x N``: ``x @ w.T`` with ``w [N, K]``, the weight layout of the models) is compiled once
 per schedule through ``g.compile(..., backend=B, schedules=...)``; rounds alternate the schedules, and the
 report gives each one's GFLOP/s min/median and its median's ratio to the first schedule's. A schedule is
-``default`` (the heuristics' for the device) or ``TMxTNxD/RMxRN`` (tile m x tile n x panel depth / register
-block), e.g. ``64x64x16/4x4``.
+``default`` (the heuristics' for the device), ``search`` (the schedule ``search=1`` picks on the device, see
+docs/search.md) or ``TMxTNxD/RMxRN`` (tile m x tile n x panel depth / register block), e.g. ``64x64x16/4x4``.
 
     python benchmarks/gpu_gemm.py [--backend opencl] [--rounds 5] [--shapes 256x512x512]
                                   [--schedules default,64x64x16/4x4] [--json]
@@ -55,8 +55,11 @@ def main() -> None:
         want = arrays["x"] @ arrays["w"].T
         progs, chosen = {}, {}
         for name in names:
-            s = parse_schedule(name)
-            prog = g.compile([out], backend=args.backend, schedules=(lambda k, s=s: s))
+            if name == "search":
+                prog = g.compile([out], backend=args.backend, search=1)
+            else:
+                s = parse_schedule(name)
+                prog = g.compile([out], backend=args.backend, schedules=(lambda k, s=s: s))
             (got,) = prog(**arrays)
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
             progs[name] = prog

@@ -20,6 +20,9 @@ measured):
   (weight bytes per token / measured bandwidth).
 - ``torch``: the same model's 512-token prefill in PyTorch bf16 eager (scaled_dot_product_attention) on
   the same GPU, when torch with CUDA is installed.
+- ``gemm``: the generated float32 gemm of a prefill projection (512 x 4096 x 4096) under the heuristics'
+  schedule, fixed tile schedules and the one ``search=1`` picks (benchmarks/gpu_gemm.py): GFLOP/s of each,
+  the figures the GPU heuristics need (kernel/heuristics.gpu_gemm_schedule).
 
 On the GPU machine: run it from the repository root (it imports the package from there, no install needed).
 Lightspeed needs numpy, cffi, gguf, tokenizers, jinja2 and llguidance at import (pyproject.toml), and the
@@ -50,7 +53,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # frontend_cases, for the dry run's kernels
 
-BUDGETS = {"environment": 20, "bandwidth": 30, "tests": 170, "smollm2": 60, "llama8b": 200, "torch": 60}
+BUDGETS = {"environment": 20, "bandwidth": 30, "tests": 170, "smollm2": 60, "llama8b": 200, "torch": 60,
+           "gemm": 60}
+GEMM_SHAPE = "512x4096x4096"  # M x K x N: a prefill's q or o projection
+GEMM_SCHEDULES = ("default", "search", "64x64x16/4x4", "128x128x16/8x8", "64x128x16/4x8", "128x64x16/8x4")
 DECODE_TOKENS = 16
 PREFILL = 512
 POSITIONS = (512, 4096)
@@ -361,6 +367,31 @@ def torch_llama_prefill(s, dev: str, tokens: int, reps: int = 3) -> float:
     return tokens / min(times)
 
 
+# gemm schedules -------------------------------------------------------------------------------------------
+def gemm(budget: float, dry: bool, arch: str) -> dict:
+    """benchmarks/gpu_gemm.py on CUDA (its JSON rows), or, in a dry run, each fixed schedule compiled."""
+    if dry:
+        import lightspeed as ls
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from gpu_gemm import parse_schedule
+        M, K, N = (int(v) for v in GEMM_SHAPE.split("x"))
+        g = ls.Graph()
+        out = g.input("x", (M, K)) @ g.input("w", (N, K)).T
+        compiled = {}
+        for name in GEMM_SCHEDULES:
+            if name != "search":
+                s = parse_schedule(name)
+                prog = g.compile([out], backend="cuda", arch=arch, schedules=lambda k, s=s: s)
+                compiled[name] = len(prog.executor.cubin)
+        return {"cubin_bytes": compiled, "device": "no GPU (dry run)"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_gemm.py"), "--backend", "cuda", "--json", "--rounds", "5",
+           "--shapes", GEMM_SHAPE, "--schedules", ",".join(GEMM_SCHEDULES)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=budget)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmarks/gpu_gemm.py exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return {"rows": json.loads(proc.stdout)["rows"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="gpu_check.json", help="the JSON file to write (default: gpu_check.json)")
@@ -394,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[gpu_check] no GPU ({reason}): compiling only, as --dry-run", file=sys.stderr)
     table = {"environment": (environment,), "bandwidth": (bandwidth, dry, arch), "tests": (tests, dry, arch),
              "smollm2": (smollm2, dry, arch), "llama8b": (llama8b, dry, arch, report),
-             "torch": (torch_prefill, dry, arch, report)}
+             "torch": (torch_prefill, dry, arch, report), "gemm": (gemm, dry, arch)}
     for name in chosen:
         fn, *rest = table[name]
         report.section(name, fn, *rest)
