@@ -99,3 +99,15 @@ def inner_var(x: ir.IR, first: sym.Var, second: sym.Var) -> sym.Var:
             if isinstance(e, sym.Sum) and (first, 1) in e.terms or e == first:
                 return first
     return second
+
+
+def static_sizes(shape: tuple, form: MatmulForm | None) -> tuple[int | None, int | None, int | None, int | None]:
+    """(columns, rows, depth, batch) of a matmul-like kernel of ``shape`` and form ``form``, each None unless
+    static (all None without a form): what heuristics size a schedule by."""
+    if form is None:
+        return None, None, None, None
+
+    def static(x):
+        return int(x) if sym.is_const(x) else None
+    batch = sym.prod([shape[i] for i in form.batch]) if form.batch else 1
+    return static(shape[form.n]), static(shape[form.m]), static(form.reduce.size), static(batch)

@@ -102,3 +102,12 @@ def validate_program(candidate: Program, original: Program, trials: int = 2, see
         if not outputs_agree(want, got, rtol, dtypes=[n.dtype for n, _ in original.outputs]):
             return False
     return True
+
+
+TUNE_DIM_CAP = 256  # symbolic dimensions are timed at min(upper bound, this) unless given
+
+
+def tune_dims(program: Program, dims: dict[str, int] | None) -> dict[str, int]:
+    """The dimension values a search times at: ``dims`` where given, else min(upper bound, TUNE_DIM_CAP)."""
+    return {v.name: int(dims[v.name]) if dims and v.name in dims else max(v.lo, min(v.hi, TUNE_DIM_CAP))
+            for v in program.dims}

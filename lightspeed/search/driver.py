@@ -22,7 +22,8 @@ from ..kernel.fusion import KernelPlan, form_kernels
 from ..rewrite import rewrite_program, rules
 from .lowering import LoweringChoice, choose_lowerings, find_alternatives
 from .measured import MeasuredChoice, measure_candidates
-from .schedule import ScheduleResult, tune_dims, tune_schedule
+from .check import tune_dims
+from .schedule import ScheduleResult, tune_schedule
 from .template_race import RaceResult, race_templates
 
 DEFAULT_BUDGET_S = {1: 30.0, 2: 120.0}

@@ -27,9 +27,8 @@ from ..graph import Program
 from ..kernel.heuristics import GpuTarget
 from ..kernel.schedule import Register, Schedule, ScheduleError, Tile
 from . import tuning_cache
-from .check import outputs_agree, random_inputs
+from .check import outputs_agree, random_inputs, tune_dims
 
-TUNE_DIM_CAP = 256  # symbolic dimensions are timed at min(upper bound, this) unless given
 MIN_GAIN = 0.03  # the tuned program must beat the heuristics' by this fraction to replace it
 # (tile m, tile n, panel depth, register m, register n): square and oblong tiles, small and large blocks
 VARIANTS = ((64, 64, 16, 4, 4), (128, 128, 16, 8, 8), (64, 128, 16, 4, 8), (128, 64, 16, 8, 4), (32, 64, 16, 2, 4),
@@ -76,12 +75,6 @@ def candidates(default: Schedule, target: GpuTarget, level: int = 1) -> list[Sch
     return out
 
 
-def tune_dims(program: Program, dims: dict[str, int] | None) -> dict[str, int]:
-    """The dimension values to time at: ``dims`` where given, else min(upper bound, TUNE_DIM_CAP)."""
-    return {v.name: int(dims[v.name]) if dims and v.name in dims else max(v.lo, min(v.hi, TUNE_DIM_CAP))
-            for v in program.dims}
-
-
 def kernel_key(text: str, env: dict[str, int], device_id: str) -> str:
     """The tuning-cache key of a GPU kernel: its text under the heuristics' schedule, the dimension values
     and the device (its name, driver and compiler versions)."""
@@ -91,10 +84,6 @@ def kernel_key(text: str, env: dict[str, int], device_id: str) -> str:
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:40]
-
-
-def _gemm_names(ex: GpuExecutor) -> list[str]:
-    return [k.name for k in ex.plan.kernels if k.kind == "gemm" and k.schedule is not None]
 
 
 def _texts(ex: GpuExecutor) -> dict[str, str]:
@@ -121,7 +110,8 @@ def tune_gpu_schedules(program: Program, build: Callable[[ScheduleChoice | None]
     env = tune_dims(program, dims)
     res = GpuScheduleResult(env=env)
     base = build(None)
-    names = _gemm_names(base)
+    defaults = {k.name: k.schedule for k in base.plan.kernels if k.kind == "gemm" and k.schedule is not None}
+    names = list(defaults)
     if not names:
         res.stopped_by, res.seconds = "nothing-to-tune", time.perf_counter() - t_start
         return res
@@ -131,7 +121,7 @@ def tune_gpu_schedules(program: Program, build: Callable[[ScheduleChoice | None]
     if all(c is not None for c in cached.values()):
         for n, c in cached.items():
             s = Schedule.from_json(c["knobs"]["schedule"])
-            if s.canonical() != base.plan.kernels[_index(base, n)].schedule.canonical():
+            if s.canonical() != defaults[n].canonical():
                 res.choice[n] = s
         res.from_cache, res.stopped_by = len(names), "cached"
         res.seconds = time.perf_counter() - t_start
@@ -141,7 +131,6 @@ def tune_gpu_schedules(program: Program, build: Callable[[ScheduleChoice | None]
     expected = base.run(inputs, env)
     base.time_kernels(env, names)  # warm-up: first launches build and page in what they touch
     best = base.time_kernels(env, names)
-    defaults = {n: base.plan.kernels[_index(base, n)].schedule for n in names}
     chosen = dict(defaults)
     tried = {n: candidates(defaults[n], target, level) for n in names}
     rounds = max(len(c) for c in tried.values())
@@ -182,7 +171,3 @@ def tune_gpu_schedules(program: Program, build: Callable[[ScheduleChoice | None]
                                      "seconds": best[n] if n in change else None})
     res.seconds = time.perf_counter() - t_start
     return res
-
-
-def _index(ex: GpuExecutor, name: str) -> int:
-    return next(i for i, k in enumerate(ex.plan.kernels) if k.name == name)

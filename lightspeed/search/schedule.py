@@ -19,10 +19,9 @@ from ..graph import Program
 from ..kernel.fusion import KernelPlan
 from . import knobs as K
 from . import tuning_cache
-from .check import outputs_agree, random_inputs, rounded_activations
+from .check import outputs_agree, random_inputs, rounded_activations, tune_dims
 from .runner import PlanRunner, compare
 
-TUNE_DIM_CAP = 256  # symbolic dimensions are timed at min(upper bound, this) unless given
 REFERENCE_MAX_ELEMENTS = 1 << 26  # larger programs are checked against the heuristics' build instead
 COMPILE_TIMEOUT_S = 120.0
 MIN_GAIN = 0.03  # a tuned plan must beat the heuristics by this fraction to replace them
@@ -63,13 +62,6 @@ def reference_elements(program: Program, env: dict[str, int]) -> int:
                 size *= int(sym.evaluate(d, env))
             total += size
     return total
-
-
-def tune_dims(program: Program, dims: dict[str, int] | None) -> dict[str, int]:
-    env = {}
-    for v in program.dims:
-        env[v.name] = int(dims[v.name]) if dims and v.name in dims else max(v.lo, min(v.hi, TUNE_DIM_CAP))
-    return env
 
 
 def _progress(total: int, enabled: bool | None):

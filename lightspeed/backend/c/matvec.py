@@ -117,10 +117,11 @@ def render_matvec(r, k: ir.Kernel, form: MatmulForm, blocks: tuple, dense: sym.s
     call = (f"    {{ const int64_t N = {N}; const int64_t n = ({B}) * ((N + {ITEM - 1}) / {ITEM});\n"
             f"      if (({work}) >= {grain}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n); }}")
     bits = k.schedule.size(IntegerDot, "k", 0) if k.schedule is not None else 0
-    if bits == 16 and c == 32 and not others and integer_parts(substitute(body, {nvar: rows[0]}), lo, rows[0]):
+    parts = integer_parts(substitute(body, {nvar: rows[0]}), lo, rows[0]) if bits == 16 and c == 32 else None
+    if parts is not None and not others:
         K = nblk * c
         r.uses_integer_dot = True
-        lines += [""] + integer_functions(r, blocks, rows, nvar, mvar, nblk, dense, k)
+        lines += [""] + integer_functions(r, blocks, rows, nvar, mvar, nblk, dense, k, parts[0])
         call = (f"    {{ const int64_t M = {M}, N = {N}; const int64_t n = (N + {ITEM - 1}) / {ITEM};\n"
                 f"      if (M * {K} <= {INTEGER_MAX}) {{\n"
                 f"        int16_t qa[M * {K}] __attribute__((aligned(32))); float qs[M * {nblk}];\n"
@@ -168,16 +169,15 @@ def float_steps(r, blocks: tuple, rows: list, nvar: sym.Var, mvar: sym.Var, nblk
 
 
 def integer_functions(r, blocks: tuple, rows: list, nvar: sym.Var, mvar: sym.Var, nblk: int, dense: sym.sint,
-                      k: ir.Kernel) -> list[str]:
+                      k: ir.Kernel, a_expr: ir.IR) -> list[str]:
     """``KFN_quant`` and ``KFN_int``: the integer form (``IntegerDot(16)``, idot.h). The launcher quantizes the
     call's activation rows once, per block of 32, to int16 with one scale each (``ls_quantize16``); each work
     item then sums every block of each output with ``ls_idot16x32`` (eight exact int32 lanes), converted to
     float and added into eight float lanes times the product of the two blocks' scales, and one horizontal sum
-    (lane order) per output."""
+    (lane order) per output. ``a_expr``: the activation factor (``integer_parts``), the same for every row."""
     c, hi, lo, body = blocks
     mv, hv, lv = r.var(mvar), r.var(hi), r.var(lo)
     K = nblk * c
-    a_expr = integer_parts(substitute(body, {nvar: rows[0]}), lo, rows[0])[0]
     lines = ["static void KFN_quant(const ls_launch *l, int16_t *restrict qa, float *restrict qs) {",
              "    const ls_args *a = l->a;", "    (void)a;"] + [f"    {d}" for d in r.decls(k)] + [
              f"    const int64_t M = {r.idx(k.shape[k.loop_vars.index(mvar)])};",

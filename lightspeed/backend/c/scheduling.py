@@ -12,9 +12,8 @@ from ...graph import Program
 from ...kernel import ir
 from ...kernel.epilogue import fuse_epilogues
 from ...kernel.fusion import KernelPlan, form_kernels
-from ... import symbolic as sym
 from ...kernel.heuristics import Target, gemm_schedule
-from ...kernel.matmul_form import match_matmul
+from ...kernel.matmul_form import match_matmul, static_sizes
 from ...kernel.schedule import IntegerDot, Schedule
 from ...kernel.schedule_knobs import check_knobs, with_knobs
 from .gemm import gemm_sizes
@@ -44,7 +43,7 @@ def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: Sch
         if k.kind != "gemm":
             continue
         form = match_matmul(k.value, k.loop_vars)
-        default = gemm_schedule(target, *_static_sizes(k, form))
+        default = gemm_schedule(target, *static_sizes(k.shape, form))
         if integer_dot:
             default = default.with_steps(IntegerDot("k", 16))
         chosen = choose(k) if choose is not None else None
@@ -56,16 +55,6 @@ def assign_schedules(plan: KernelPlan, target: Target | None = None, choose: Sch
         k.schedule = chosen or k.schedule or default
     return plan
 
-
-def _static_sizes(k: ir.Kernel, form) -> tuple[int | None, int | None, int | None, int | None]:
-    """(columns, rows, depth, batch) of gemm kernel ``k``, each None unless static (all None without a form)."""
-    if form is None:
-        return None, None, None, None
-
-    def static(x):
-        return int(x) if sym.is_const(x) else None
-    batch = sym.prod([k.shape[i] for i in form.batch]) if form.batch else 1
-    return static(k.shape[form.n]), static(k.shape[form.m]), static(form.reduce.size), static(batch)
 
 
 def form_c_plan(program: Program, form_options: dict, choose: ScheduleChoice | None = None,

@@ -134,8 +134,10 @@ class GpuExecutor:
             self._launch_all(env)
         return self._fetch(inputs, env, out, resident, fetch, keep)
 
-    def _launch_all(self, env: Mapping[str, int]) -> None:
-        dev = self.device
+    def _launches(self, env: Mapping[str, int], names: Collection[str] | None = None) -> list[tuple[str, tuple]]:
+        """(plan kernel name, ``GpuDevice.launch`` arguments) of each launch at dimension values ``env`` in plan
+        order (those of ``names`` only, when given): its form for ``env`` (a gemm kernel with few rows takes its
+        row form), launches with no work items left out."""
         dims = [int(env[n]) for n in self._dim_names]
         values: dict = {}  # a run evaluates each distinct work-item expression once (launch overhead)
 
@@ -147,31 +149,30 @@ class GpuExecutor:
                 got = values[e] = int(sym.evaluate(e, env))
             return got
 
+        out = []
         for launch in self.gpu.kernels:
+            if names is not None and launch.name not in names:
+                continue
             variant = launch.small if launch.small is not None and evaluate(launch.rows) <= SMALL_ROWS else launch
             n = evaluate(variant.items)
             if n <= 0:
                 continue
             block = variant.block or self.block
-            dev.launch(self._prepared[id(variant)], [n] + dims, (n + block - 1) // block, block)
+            out.append((launch.name, (self._prepared[id(variant)], [n] + dims, (n + block - 1) // block, block)))
+        return out
+
+    def _launch_all(self, env: Mapping[str, int]) -> None:
+        for _, args in self._launches(env):
+            self.device.launch(*args)
 
     def time_kernels(self, env: Mapping[str, int], names: Collection[str], min_seconds: float = 0.01,
                      rounds: int = 3) -> dict[str, float]:
         """Seconds per launch of each plan kernel in ``names`` at dimension values ``env`` (the form it takes
         there), the best of ``rounds`` rounds of back-to-back launches lasting at least ``min_seconds`` each.
         Run the program once before, so every buffer a kernel reads holds valid values."""
-        dev, dims = self.device, [int(env[n]) for n in self._dim_names]
+        dev = self.device
         out: dict[str, float] = {}
-        for launch in self.gpu.kernels:
-            if launch.name not in names:
-                continue
-            small = launch.small is not None and int(sym.evaluate(launch.rows, env)) <= SMALL_ROWS
-            variant = launch.small if small else launch
-            n = int(sym.evaluate(variant.items, env))
-            if n <= 0:
-                continue
-            block = variant.block or self.block
-            args = (self._prepared[id(variant)], [n] + dims, max((n + block - 1) // block, 1), block)
+        for name, args in self._launches(env, names):
             dev.synchronize()
             t0 = time.perf_counter()
             dev.launch(*args)
@@ -185,7 +186,7 @@ class GpuExecutor:
                     dev.launch(*args)
                 dev.synchronize()
                 best = min(best, (time.perf_counter() - t0) / repeats)
-            out[launch.name] = best
+            out[name] = best
         return out
 
     def _fetch(self, inputs, env, out, resident, fetch, keep) -> list[np.ndarray | None]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ... import symbolic as sym
 from ...kernel import ir
 from ...kernel.fusion import KernelPlan
 from ...kernel.heuristics import GpuTarget, gpu_gemm_schedule
-from ...kernel.matmul_form import MatmulForm, match_matmul, pack_inner
+from ...kernel.matmul_form import MatmulForm, match_matmul, pack_inner, static_sizes
 from ...kernel.schedule import Schedule, ScheduleError
 from .gemm import gpu_gemm_sizes
 
@@ -19,14 +18,11 @@ ScheduleChoice = Callable[[ir.Kernel], "Schedule | None"]
 def default_gpu_schedule(k: ir.Kernel, form: MatmulForm, target: GpuTarget) -> Schedule:
     """The heuristics' schedule of gemm kernel ``k`` (of matmul form ``form``) on ``target``: its static
     sizes, and the axis along which each factor's loads have unit stride (the panels load along it)."""
-    vars_ = k.loop_vars
-    mvar, nvar, kvar = vars_[form.m], vars_[form.n], form.reduce.var
-
-    def static(x):
-        return int(x) if sym.is_const(x) else None
+    mvar, nvar, kvar = k.loop_vars[form.m], k.loop_vars[form.n], form.reduce.var
     a_along = "m" if pack_inner(form.a, mvar, kvar) is mvar else "k"
     b_along = "n" if pack_inner(form.b, nvar, kvar) is nvar else "k"
-    return gpu_gemm_schedule(target, static(k.shape[form.n]), static(k.shape[form.m]), a_along, b_along)
+    columns, rows, _, _ = static_sizes(k.shape, form)
+    return gpu_gemm_schedule(target, columns, rows, a_along, b_along)
 
 
 def assign_gpu_schedules(plan: KernelPlan, target: GpuTarget, choose: ScheduleChoice | None = None) -> KernelPlan:
