@@ -48,6 +48,9 @@ class KernelPlan:
     temps: list[ir.Buffer] = field(default_factory=list)
     arena_bytes: int = 0
     dims: list[sym.Var] = field(default_factory=list)
+    # C backend: constants some kernels read in a layout of their own, made at load (backend/c/repack.py);
+    # each takes a pointer slot after all the others
+    repacks: list = field(default_factory=list)
 
 
 def _expands(st: ShapeTracker) -> bool:

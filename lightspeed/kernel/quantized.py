@@ -81,6 +81,9 @@ class QuantizedMatmul:
     in_features: int
     out_features: sym.sint
     activations: str = "float"  # "int16" / "int8": x is quantized into the kernel's scratch once per call
+    # how the kernel reads raw: "rows" (GGUF's, row after row) or "r16" (groups of 16 rows interleaved for the
+    # 16-row int16 kernels; the C backend makes that copy, backend/c/repack.py)
+    weights_layout: str = "rows"
 
 
 def _identity(st, shape) -> bool:

@@ -17,11 +17,14 @@ from .activations import resolve_activations, source_prefix
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
+from .repack import bind_repacks
 from .render import render_plan
 from .scheduling import form_c_plan
 
 _FFI = cffi.FFI()
-_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];")
+_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];"
+          "extern int ls_repack16_formats; "
+          "void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt);")
 
 try:  # the backend's from_buffer skips a Python-level wrapper (about 0.4 us per buffer)
     _from_buffer_raw = _FFI._backend.from_buffer
@@ -52,13 +55,14 @@ HUGE_PAGE_MIN_BYTES = 64 << 10  # smaller constants stay where they are
 _COPIES: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
 
 
-def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
+def _weights_on_huge_pages(arrays: list[np.ndarray], keep: frozenset[int] = frozenset()) -> list[np.ndarray]:
     """``arrays`` with the large ones not yet in huge-page memory replaced by copies that are (one region
-    for all new copies); the file pages of the originals are released (see lightspeed/memory.py)."""
+    for all new copies); the file pages of the originals are released (see lightspeed/memory.py). The arrays
+    at the indices ``keep`` stay where they are."""
     out = list(arrays)
     todo = []
     for k, a in enumerate(arrays):
-        if a.nbytes < HUGE_PAGE_MIN_BYTES or memory.in_region(a):
+        if a.nbytes < HUGE_PAGE_MIN_BYTES or memory.in_region(a) or k in keep:
             continue
         key = (a.ctypes.data, a.nbytes, a.dtype.str, a.shape)
         entry = _COPIES.get(key) if not a.flags.writeable else None
@@ -78,6 +82,13 @@ def _weights_on_huge_pages(arrays: list[np.ndarray]) -> list[np.ndarray]:
             _COPIES[key] = (weakref.ref(out[k]), arrays[k])
             weakref.finalize(out[k], _COPIES.pop, key, None)
     return out
+
+
+def _repack16(lib):
+    """The library's ls_repack16 as a function of integer addresses."""
+    def repack(src: int, dst: int, rows: int, row_bytes: int, code: int) -> None:
+        lib.ls_repack16(_FFI.cast("const uint8_t *", src), _FFI.cast("uint8_t *", dst), rows, row_bytes, code)
+    return repack
 
 
 class _RowTargets:
@@ -155,16 +166,27 @@ class CBackend:
         self.compile_seconds = time.perf_counter() - t0
         self._profile = _FFI.cast("int64_t *", _FFI.addressof(self._lib, "ls_profile_ns")) if profile else None
         plan = self.plan
-        n_slots = len(plan.inputs) + len(plan.consts) + len(set(id(b) for b in plan.outputs))
+        n_slots = len(plan.inputs) + len(plan.consts) + len(set(id(b) for b in plan.outputs)) + len(plan.repacks)
         self._ptrs = _FFI.new("void *[]", max(n_slots, 1))
         self._dims = _FFI.new("int64_t[]", max(len(plan.dims), 1))
         # the slots as integers, so run_rows sets many addresses in one numpy assignment
         self._slot_view = np.frombuffer(_FFI.buffer(self._ptrs), dtype=np.uintp)
         self._consts = [c.array for _, c in plan.consts]  # keep them alive
+        # weights the build reads repacked (repack.py): the copies, made before any other copy of their source,
+        # which the matmuls then no longer read
+        repacked, kept = {}, set()
+        if plan.repacks:
+            by_slot = {b.slot: a for (b, _), a in zip(plan.consts, self._consts)}
+            repacked, kept = bind_repacks(plan.repacks, int(self._lib.ls_repack16_formats), by_slot,
+                                          _repack16(self._lib))
+        self._repacked = list(repacked.values())  # keep them alive
         if huge_pages:
-            self._consts = _weights_on_huge_pages(self._consts)
+            self._consts = _weights_on_huge_pages(
+                self._consts, frozenset(k for k, (b, _) in enumerate(plan.consts) if b.slot in kept))
         for (b, _), a in zip(plan.consts, self._consts):
             self._ptrs[b.slot] = _FFI.from_buffer(a)
+        for slot, a in repacked.items():
+            self._ptrs[slot] = _FFI.from_buffer(a)
         self.arena_bytes = plan.arena_bytes
         memory.release_freed_heap()  # forming and rendering freed many objects; return their pages
         self._arena = np.empty(plan.arena_bytes + 64, dtype=np.uint8)

@@ -15,7 +15,8 @@ The key is a hash of an exact structural description of the program:
 
 Symbolic expressions are written by their canonical sort keys (which include every variable's
 bounds), floats by their bits, small embedded arrays (at most ``ArrayConst.SMALL_BYTES``) by
-their contents. A large embedded array (a weight) is written by dtype and shape only: the
+their contents. A large embedded array (a weight) is written by dtype, shape and whether it lies in huge-page
+memory (which decides whether its matmuls read a repacked copy, repack.py) only: the
 generated code never sees its values, it reads them through a pointer passed at run time, so
 the cached program is exactly the program its graph compiles to whatever the values are, and
 a run reads the arrays of the graph being compiled, never those of the graph that made the
@@ -45,15 +46,17 @@ from pathlib import Path
 from typing import Any
 
 from ... import dtypes as dt
+from ... import memory
 from ... import symbolic as sym
 from ...graph import ArrayConst, Node, Program
 from ...kernel import Buffer, KernelPlan
+from .repack import REPACK_CODES, Repack
 from .scheduling import form_c_plan
 from ...ops import Op
 from ...shape import ShapeTracker
 from . import cache_files
 
-FORMAT = 2  # bump when the entry layout changes (2: key and checksum in the entry)
+FORMAT = 3  # bump when the entry layout changes (2: key and checksum in the entry, 3: repacks)
 
 
 class Uncacheable(Exception):
@@ -135,7 +138,9 @@ def _value(x: Any) -> str:
         head = f"a{a.dtype.str}{a.shape}"
         if a.nbytes <= ArrayConst.SMALL_BYTES:
             return head + hashlib.sha256(a.tobytes()).hexdigest()
-        return head  # values are read at run time (see the module docstring)
+        # values are read at run time (see the module docstring); whether the array lives in huge-page memory
+        # decides whether its matmuls read a repacked copy (repack.py)
+        return head + ("h" if memory.in_region(a) else "")
     raise Uncacheable(f"cannot describe {type(x).__name__} exactly")
 
 
@@ -253,6 +258,7 @@ class CachedPlan:
             else:
                 n, st = program.outputs[k]
                 self.outputs.append(Buffer(kind, n.dtype, st.shape, name, slot, nbytes=_nbytes(n)))
+        self.repacks = [Repack(*r) for r in table["repacks"]]
 
     def full(self) -> KernelPlan:
         """The kernel plan formed from the program (same slots and arena as this table)."""
@@ -282,8 +288,9 @@ def _table(program: Program, plan: KernelPlan) -> dict:
     for k, b in enumerate(plan.outputs):
         first = next(j for j, o in enumerate(plan.outputs) if o is b)
         outputs.append((b.kind, b.slot, b.name, first))
+    repacks = [[r.slot, r.source_slot, r.code, r.rows, r.row_bytes] for r in plan.repacks]
     return {"inputs": [b.slot for b in plan.inputs], "consts": consts, "outputs": outputs,
-            "arena_bytes": plan.arena_bytes}
+            "arena_bytes": plan.arena_bytes, "repacks": repacks}
 
 
 def _same_buffer(a: Buffer, b: Buffer) -> bool:
@@ -350,6 +357,18 @@ def validate(program: Program, table: Any) -> None:
             slots.append(slot)
         else:
             raise Uncacheable(f"output entry {k} has kind {kind!r} and name {name!r}")
+    const_slots = {c[0]: nodes[c[1]] for c in consts}
+    repacks = table.get("repacks")
+    if not isinstance(repacks, list):
+        raise Uncacheable("the repacks are not a list")
+    for r in repacks:
+        slot, source, code, rows, row_bytes = (_int_list(r, "a repack entry") if isinstance(r, list) and len(r) == 5
+                                               else (None,) * 5)
+        node = const_slots.get(source)
+        if node is None or code not in REPACK_CODES.values() or tuple(node.shape) != (rows, row_bytes) \
+                or node.dtype is not dt.uint8:
+            raise Uncacheable(f"repack entry {r!r} does not name a uint8 constant of its shape")
+        slots.append(slot)
     if sorted(slots) != list(range(len(slots))):
         raise Uncacheable("the slots are not numbered 0.. with each used once")
 
@@ -364,7 +383,8 @@ def _check(program: Program, plan: KernelPlan, table: dict, form_options: dict[s
           and all(_same_buffer(a, b) and c is d for (a, c), (b, d) in zip(got.consts, plan.consts))
           and len(got.outputs) == len(plan.outputs)
           and all(_same_buffer(a, b) for a, b in zip(got.outputs, plan.outputs))
-          and [v.name for v in got.dims] == [v.name for v in plan.dims])
+          and [v.name for v in got.dims] == [v.name for v in plan.dims]
+          and got.repacks == list(plan.repacks))
     if ok:  # which outputs share one buffer
         ok = all((got.outputs[i] is got.outputs[j]) == (plan.outputs[i] is plan.outputs[j])
                  for i in range(len(plan.outputs)) for j in range(i))

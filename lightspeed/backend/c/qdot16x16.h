@@ -94,6 +94,42 @@ static inline __attribute__((always_inline)) void ls_w16x16_q8_0(const uint8_t *
     }
 }
 
+/* block b of 16 weight rows (wv: their bytes as ls_w16x16_* gives them, dw: the weight scales, cw: the offset
+ * term's factors) against MR activation rows, added to acc[0..MR-1]: the arithmetic both layouts share, so a row
+ * has the same bits whichever layout its weights are read from */
+static inline __attribute__((always_inline)) void ls_q16_block_rows(const __m512i *wv, __m512 dw, __m512 cw,
+        const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk,
+        int64_t b, __m512 *acc, const int MR) {
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < MR; r++) {
+        const int32_t *xa = (const int32_t *)(xq + r * 2 * K + 64 * b);
+        __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
+#if defined(LS_Q16_EMBCAST)
+        /* four chains of four, the activation dwords as embedded broadcasts (see LS_Q16_EMBCAST) */
+        __m512i ia2 = _mm512_setzero_si512(), ib2 = _mm512_setzero_si512();
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; j++) {
+            LS_DPBUSD_BCST(ia, wv[j], xa + j);
+            LS_DPBUSD_BCST(ib, wv[j], xa + 8 + j);
+            LS_DPBUSD_BCST(ia2, wv[4 + j], xa + 4 + j);
+            LS_DPBUSD_BCST(ib2, wv[4 + j], xa + 12 + j);
+        }
+        ia = _mm512_add_epi32(ia, ia2);  /* exact: the integer sums do not depend on the order */
+        ib = _mm512_add_epi32(ib, ib2);
+#else
+        _Pragma("GCC unroll 8")
+        for (int j = 0; j < 8; j++) {
+            ia = _mm512_dpbusd_epi32(ia, wv[j], _mm512_set1_epi32(xa[j]));
+            ib = _mm512_dpbusd_epi32(ib, wv[j], _mm512_set1_epi32(xa[8 + j]));
+        }
+#endif
+        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(ia, 8), ib);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])),
+                                 acc[r]);
+        acc[r] = _mm512_fmadd_ps(cw, _mm512_set1_ps(xs[r * nblk + b]), acc[r]);
+    }
+}
+
 /* the weight rows w + i * rb, i < 16 (i < nv when TAIL), against MR activation rows (split bytes at xq, row
  * stride 2K bytes; scales xd, sums xs, row stride nblk) into out[r * ostride + i]. QT: 0 q8_0, 1 q4_0, 2 q4_1 */
 static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8_t *restrict w, int64_t rb,
@@ -123,34 +159,7 @@ static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8
         /* the offset term's factor per row: -128 d, -8 d or the min m */
         const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
                                   : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : -8.0f));
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < MR; r++) {
-            const int32_t *xa = (const int32_t *)(xq + r * 2 * K + 64 * b);
-            __m512i ia = _mm512_setzero_si512(), ib = _mm512_setzero_si512();
-#if defined(LS_Q16_EMBCAST)
-            /* four chains of four, the activation dwords as embedded broadcasts (see LS_Q16_EMBCAST) */
-            __m512i ia2 = _mm512_setzero_si512(), ib2 = _mm512_setzero_si512();
-            _Pragma("GCC unroll 4")
-            for (int j = 0; j < 4; j++) {
-                LS_DPBUSD_BCST(ia, wv[j], xa + j);
-                LS_DPBUSD_BCST(ib, wv[j], xa + 8 + j);
-                LS_DPBUSD_BCST(ia2, wv[4 + j], xa + 4 + j);
-                LS_DPBUSD_BCST(ib2, wv[4 + j], xa + 12 + j);
-            }
-            ia = _mm512_add_epi32(ia, ia2);  /* exact: the integer sums do not depend on the order */
-            ib = _mm512_add_epi32(ib, ib2);
-#else
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < 8; j++) {
-                ia = _mm512_dpbusd_epi32(ia, wv[j], _mm512_set1_epi32(xa[j]));
-                ib = _mm512_dpbusd_epi32(ib, wv[j], _mm512_set1_epi32(xa[8 + j]));
-            }
-#endif
-            const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(ia, 8), ib);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r * nblk + b])),
-                                     acc[r]);
-            acc[r] = _mm512_fmadd_ps(cw, _mm512_set1_ps(xs[r * nblk + b]), acc[r]);
-        }
+        ls_q16_block_rows(wv, dw, cw, xq, xd, xs, K, nblk, b, acc, MR);
     }
     for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
 }
@@ -183,4 +192,127 @@ LS_QDOT16X16(ls_qdot16x16_q8_0, 0, 34)
 #endif
 LS_QDOT16X16(ls_qdot16x16_q4_0, 1, 18)
 LS_QDOT16X16(ls_qdot16x16_q4_1, 2, 20)
+
+/* ---- Repacked weights (LS_REPACK16_<format>): each whole group of 16 weight rows stored in the order these
+ * kernels consume it, so a block is a few aligned loads instead of 16 strided loads, in-lane transposes and a
+ * gather of the scales. Reading the GGUF layout, one activation row of q8_0 took ~53 cycles per block of 16 rows
+ * from L2 (compute-bound at ~24 GB/s on 2 threads of a Zen 4, about its stream from memory), the repacked layout
+ * ~3x less, which leaves decode bound by memory. The arithmetic is ls_q16_block_rows on the same vectors, so a
+ * row has the same bits in either layout. A group of 16 rows keeps its 16 * rb bytes (see ls_repack16); the rows
+ * after the last whole group stay in the GGUF layout and take the masked kernel above, so callers must start
+ * every call at a multiple of 16 rows of the matrix (the renderer's work items are). */
+#ifndef LS_R16_GROUP_PF
+#define LS_R16_GROUP_PF 1
 #endif
+#ifndef LS_R16_PF
+#define LS_R16_PF 0
+#endif
+static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint8_t *restrict g, int64_t nblk,
+        const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
+        float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
+    const int QB = QT == 0 ? 512 : 256;  /* quant bytes of a block of 16 rows */
+    const uint16_t *sd = (const uint16_t *)g;  /* [nblk][16] float16 scales (q4_1: then [nblk][16] mins) */
+    const uint8_t *qs = g + nblk * (QT == 2 ? 64 : 32);
+    __m512 acc[LS_QMM_ROWS];
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    /* as the GGUF layout's kernel: each block prefetches its share (16 * BB bytes) of the group LS_Q16X16_PF
+     * ahead into L1 and of the one after into L2 (a work item's stream is short: the hardware prefetchers
+     * alone ramp up too late; one decode row took 1.14x the time without) */
+    const uint8_t *pf = g + LS_R16_GROUP_PF * 16 * nblk * BB;
+    for (int64_t b = 0; b < nblk; b++, pf += 16 * BB) {
+        const uint8_t *p = qs + b * QB;
+        if (LS_R16_GROUP_PF > 0)
+            for (int o = 0; o < 16 * BB; o += 64) {
+                LS_PF(pf + o, 0, 3);
+                LS_PF(pf + 16 * nblk * BB + o, 0, 2);
+            }
+        if (LS_R16_PF > 0)
+            for (int o = 0; o < QB; o += 64) LS_PF(p + LS_R16_PF + o, 0, 3);
+        __m512i wv[8];
+        if (QT == 0) {
+            for (int j = 0; j < 8; j++) wv[j] = _mm512_loadu_si512((const void *)(p + 64 * j));
+        } else {
+            const __m512i m15 = _mm512_set1_epi8(15);
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+                wv[j] = _mm512_and_si512(v, m15);
+                wv[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+            }
+        }
+        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));
+        const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * (nblk + b))))
+                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : -8.0f));
+        ls_q16_block_rows(wv, dw, cw, xq, xd, xs, K, nblk, b, acc, MR);
+    }
+    for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * ostride, acc[r]);
+}
+
+static inline __attribute__((always_inline)) void ls_qdot16x16r_rows(const uint8_t *restrict w, int64_t rb,
+        int64_t n, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
+        int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        ls_qdot16x16r_group(w + i * rb, nblk, xq, xd, xs, K, out + i, ostride, QT, BB, MR);
+    if (i < n)  /* the rows after the last whole group of the matrix: the GGUF layout */
+        ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
+}
+
+#define LS_QDOT16X16R(NAME, QT, BB) \
+static inline int64_t NAME(const uint8_t *restrict w, int64_t rb, int64_t n, const int16_t *restrict xq, \
+                           const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk, int64_t mr, \
+                           float *restrict out, int64_t ostride) { \
+    const int8_t *xb = (const int8_t *)xq; \
+    LS_QMM_DISPATCH(ls_qdot16x16r_rows, w, rb, n, xb, xd, xs, K, nblk, out, ostride, QT, BB); \
+    return n; \
+}
+/* Repacked weights only where nothing else reads them in the GGUF layout: the 16-row kernels take every row
+ * count (no float rows, no AMX tiles: both come with LS_QUANT_ROWS_MAX) */
+#if !defined(LS_QUANT_ROWS_MAX) && !defined(LS_NO_REPACK16)
+#if defined(LS_HAVE_QDOT16X16_q8_0)
+#define LS_REPACK16_q8_0 1
+LS_QDOT16X16R(ls_qdot16x16r_q8_0, 0, 34)
+#endif
+#define LS_REPACK16_q4_0 1
+#define LS_REPACK16_q4_1 1
+LS_QDOT16X16R(ls_qdot16x16r_q4_0, 1, 18)
+LS_QDOT16X16R(ls_qdot16x16r_q4_1, 2, 20)
+#endif
+#endif
+
+/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1): the executor repacks the weights
+ * of those (ls_repack16) and passes the others' as they are. */
+const int ls_repack16_formats = 0
+#if defined(LS_REPACK16_q8_0)
+    | 1
+#endif
+#if defined(LS_REPACK16_q4_0)
+    | 2
+#endif
+#if defined(LS_REPACK16_q4_1)
+    | 4
+#endif
+    ;
+
+/* The repacked layout of a matrix of `rows` rows of rb bytes (nblk = rb / BB blocks; qt: 0 q8_0, 1 q4_0,
+ * 2 q4_1) from src into dst (same size). Per whole group of 16 rows, in its own 16 * rb bytes: the 16 rows' float16
+ * scales of block 0, of block 1, ... (q4_1: then their mins likewise), then per block the quant bytes as
+ * ls_w16x16_* gives them from the GGUF layout: dword j of lane n holds bytes 4j..4j+3 of row n's quants (q8_0:
+ * 8 dwords a row, each byte plus 128; q4: the 4 dwords of packed nibbles). Rows after the last whole group are
+ * copied as they are. Portable C: the layout does not depend on the build. */
+void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt) {
+    const int BB = qt == 0 ? 34 : qt == 1 ? 18 : 20, NS = qt == 2 ? 2 : 1, QBR = BB - 2 * NS;
+    const int64_t nblk = rb / BB, whole = rows / 16 * 16;
+    for (int64_t g = 0; g < whole; g += 16) {
+        const uint8_t *s = src + g * rb;
+        uint8_t *d = dst + g * rb, *qd = d + nblk * 32 * NS;
+        for (int64_t b = 0; b < nblk; b++)
+            for (int n = 0; n < 16; n++) {
+                const uint8_t *blk = s + n * rb + b * BB;
+                for (int k = 0; k < NS; k++) memcpy(d + (k * nblk + b) * 32 + 2 * n, blk + 2 * k, 2);
+                for (int j = 0; j < QBR / 4; j++)
+                    for (int t = 0; t < 4; t++)
+                        qd[b * 16 * QBR + j * 64 + 4 * n + t] = (uint8_t)(blk[2 * NS + 4 * j + t] ^ (qt == 0 ? 0x80 : 0));
+            }
+    }
+    memcpy(dst + whole * rb, src + whole * rb, (size_t)((rows - whole) * rb));
+}

@@ -555,7 +555,12 @@ class KernelRenderer:
             narrow = [] if mode == "int8" else [
                 f"#elif defined(LS_HAVE_QDOT16X4_{tname})",
                 f"            n += ls_qdot16x4_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}"]
-            pairs = ["            int64_t n = n0;", f"#if defined({wide[0]})",
+            # weights repacked for the 16-row kernels where this build reads them so (repack.py)
+            repacked = [f"#if defined(LS_REPACK16_{tname})",
+                        f"            n += ls_qdot16x16r_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, "
+                        f"{xargs}",
+                        f"#elif defined({wide[0]})"] if q.weights_layout == "r16" else [f"#if defined({wide[0]})"]
+            pairs = ["            int64_t n = n0;", *repacked,
                      f"            n += {wide[1]}_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}",
                      *narrow,
                      "#endif",

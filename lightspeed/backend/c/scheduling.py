@@ -17,6 +17,7 @@ from ...kernel.matmul_form import match_matmul, static_sizes
 from ...kernel.schedule import IntegerDot, Schedule
 from ...kernel.schedule_knobs import check_knobs, with_knobs
 from .gemm import gemm_sizes
+from .repack import add_repacks
 from .target import host_target
 
 ScheduleChoice = Callable[[ir.Kernel], "Schedule | None"]
@@ -61,12 +62,13 @@ def form_c_plan(program: Program, form_options: dict, choose: ScheduleChoice | N
                 knobs: dict | None = None) -> KernelPlan:
     """The C backend's plan of ``program``: kernels formed with ``form_options``, elementwise readers of
     matmuls folded in as epilogues, schedules assigned; ``knobs`` (kernel/schedule_knobs.py: name -> value)
-    then edit the schedule of every kernel that reads them."""
+    then edit the schedule of every kernel that reads them; int16 matmul weights read through repack slots
+    (repack.py)."""
     plan = assign_schedules(fuse_epilogues(form_kernels(program, **form_options)), choose=choose,
                             integer_dot=integer_dot_for(form_options))
     if knobs:
         check_knobs(knobs)
         for k in plan.kernels:
             k.schedule = with_knobs(k.schedule, k.kind, knobs)
-    return plan
+    return add_repacks(plan)
 

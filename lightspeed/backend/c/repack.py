@@ -1,0 +1,160 @@
+"""Weights stored in the order a kernel consumes them ("repacked"), made when a program is loaded.
+
+The 16-row int16 kernels of qdot16x16.h (AVX-512 VNNI) multiply 16 weight rows at once, one per 32-bit lane.
+From the GGUF layout every block costs them 16 strided loads, in-lane transposes and a gather of the scales:
+one decode row was compute-bound at about the speed of the memory stream. From the repacked layout
+(``ls_repack16`` in qdot16x16.h: per group of 16 rows, their scales, then each block's quant bytes lane by lane)
+a block is a few aligned loads, ~3x less work, and decode is bound by memory again.
+
+The choice has three parts that must agree:
+
+- ``add_repacks`` (a plan pass): every int16 Q8_0 / Q4_0 / Q4_1 matmul whose weights are a constant that nothing
+  else reads and that is not already in huge-page memory reads them through a new pointer slot (a ``Repack``)
+  and renders the repacked kernel call (``weights_layout="r16"``); the plan cache's key says which constants lie
+  in huge-page memory;
+- the rendered source says which formats this build reads repacked (``ls_repack16_formats``: the build has the
+  16-row kernel of the format and nothing that reads the weights in the GGUF layout: no float rows, no AMX tiles);
+- the executor (``bind_repacks``) fills each slot with a repacked copy where the build reads it repacked, else
+  with the constant itself, so every other build (AVX2, portable) runs exactly as before.
+
+The repacked copy takes the place of the copy into huge-page memory every large weight gets (lightspeed/memory.py):
+it is made group by group and the file pages under each part of the original are handed back as it goes, so a
+weight is not resident twice; the original is never read again. A constant that other kernels read too (a tied
+embedding's row gather) and one already in huge-page memory (requantized at load, ``--quant``) are read as they
+are: either way a repacked copy would hold the weight twice. Copies are shared by the programs compiled over
+the same weights.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ... import memory
+from ...kernel import ir
+from ...kernel.fusion import KernelPlan
+from ...quant import QType, block_format
+
+GROUP = 16  # weight rows per group of the repacked layout (qdot16x16.h)
+# the formats with a repacked layout, by the code qdot16x16.h's ls_repack16 takes (bit k of ls_repack16_formats)
+REPACK_CODES = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q4_1: 2}
+COPY_CHUNK = 16 << 20  # bytes repacked before the file pages under them are handed back
+
+
+@dataclass(frozen=True)
+class Repack:
+    """Pointer ``slot`` holds constant ``source_slot`` (``rows`` rows of ``row_bytes``) repacked for format
+    ``code`` (a value of REPACK_CODES), or the constant itself where the build does not read it repacked."""
+
+    slot: int
+    source_slot: int
+    code: int
+    rows: int
+    row_bytes: int
+
+
+def _eligible(k: ir.Kernel, in_place: set[int]) -> bool:
+    """Whether kernel ``k`` is an int16 Q8_0/Q4_0/Q4_1 matmul over a whole constant of at least GROUP rows."""
+    q = k.template
+    if k.kind != "qmatmul" or q.activations != "int16" or q.qtype not in REPACK_CODES or not k.scratch:
+        return False
+    raw = k.template_reads[1]
+    if raw.kind != "const" or raw.slot in in_place or len(raw.shape) != 2 \
+            or not all(isinstance(d, int) for d in raw.shape):
+        return False
+    rows, row_bytes = raw.shape
+    return rows >= GROUP and row_bytes % block_format(q.qtype).block_bytes == 0
+
+
+def add_repacks(plan: KernelPlan) -> KernelPlan:
+    """``plan`` with every int16 Q8_0/Q4_0/Q4_1 matmul over a constant of at least GROUP rows, which no other
+    kernel reads, reading it through a repack slot (one per constant, shared by its matmuls). A constant other
+    kernels read too (a tied embedding's row gather) stays in the GGUF layout for all: the original would have to
+    stay resident beside the copy, and a gather from a file mapping maps the pages around each row it reads."""
+    slots = [b.slot for b in plan.inputs] + [b.slot for b, _ in plan.consts] + [b.slot for b in plan.outputs]
+    next_slot = max(slots, default=-1) + 1
+    # a constant already in huge-page memory (requantized at load) is read in place: a copy would hold it twice
+    in_place = {b.slot for b, c in plan.consts if memory.in_region(c.array)}
+    readers: dict[int, list[ir.Kernel]] = {}
+    for k in plan.kernels:
+        for b in k.reads:
+            if b.kind == "const":
+                readers.setdefault(b.slot, []).append(k)
+    by_source: dict[int, ir.Buffer] = {}
+    for k in plan.kernels:
+        if not _eligible(k, in_place):
+            continue
+        x_buf, raw = k.template_reads
+        if not all(_eligible(other, in_place) for other in readers[raw.slot]):
+            continue
+        twin = by_source.get(raw.slot)
+        if twin is None:
+            twin = ir.Buffer("const", raw.dtype, raw.shape, f"{raw.name}_r16", next_slot, nbytes=raw.nbytes)
+            by_source[raw.slot] = twin
+            plan.repacks.append(Repack(next_slot, raw.slot, REPACK_CODES[k.template.qtype], *raw.shape))
+            next_slot += 1
+        k.template = replace(k.template, weights_layout="r16")
+        k.template_reads = [x_buf, twin]
+        k.reads = [twin if b is raw else b for b in k.reads]
+    return plan
+
+
+# repacked copies by (source address, size, code, rows, row bytes): programs over the same weights share one. An
+# entry holds its source, so that address is not reused by other data while the copy lives.
+_COPIES: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def _key(source: np.ndarray, r: Repack) -> tuple:
+    return (source.ctypes.data, source.nbytes, r.code, r.rows, r.row_bytes)
+
+
+def _shared_copy(source: np.ndarray, r: Repack) -> np.ndarray | None:
+    entry = _COPIES.get(_key(source, r)) if not source.flags.writeable else None
+    return entry[0]() if entry is not None else None
+
+
+def repacked_copy(source: np.ndarray, r: Repack, repack_fn, region: memory.HugePageRegion) -> np.ndarray:
+    """The repacked copy of ``source`` (uint8, ``r.rows`` x ``r.row_bytes``) taken from ``region``, made by
+    ``repack_fn(src address, dst address, rows, row_bytes, code)`` (the library's ls_repack16) a chunk of groups
+    at a time; the file pages under each chunk of a read-only source are handed back once it is copied."""
+    if source.dtype != np.uint8 or source.shape != (r.rows, r.row_bytes) or not source.flags.c_contiguous:
+        raise ValueError(f"repack: constant of {source.dtype}{source.shape} is not the uint8 "
+                         f"({r.rows}, {r.row_bytes}) matrix the plan expects")
+    out = region.take(source.nbytes, np.uint8, source.shape)
+    maps = memory.read_mappings() if not source.flags.writeable else None
+    step = max(GROUP, COPY_CHUNK // r.row_bytes // GROUP * GROUP)
+    for lo in range(0, r.rows, step):
+        n = min(step, r.rows - lo)  # whole groups, but for the last chunk's rows after the last group
+        repack_fn(source.ctypes.data + lo * r.row_bytes, out.ctypes.data + lo * r.row_bytes, n, r.row_bytes, r.code)
+        if maps is not None:
+            memory.release_file_pages([source[lo:lo + n]], maps)
+    if not source.flags.writeable:  # a writable source may change: its next program repacks it again
+        key = _key(source, r)
+        _COPIES[key] = (weakref.ref(out), source)
+        weakref.finalize(out, _COPIES.pop, key, None)
+    return out
+
+
+def bind_repacks(repacks: list[Repack], formats: int, consts: dict[int, np.ndarray], repack_fn
+                 ) -> tuple[dict[int, np.ndarray], set[int]]:
+    """(the array of every repack slot, the source slots the matmuls no longer read). ``formats``: the
+    library's ls_repack16_formats; ``consts``: the constants' arrays by slot, as the program holds them. The
+    new copies share one huge-page region (each region is at least one 2 MiB page)."""
+    arrays, repacked_sources, todo = {}, set(), []
+    for r in repacks:
+        source = consts[r.source_slot]
+        if not formats >> r.code & 1:  # this build reads the GGUF layout
+            arrays[r.slot] = source
+            continue
+        repacked_sources.add(r.source_slot)  # (the build's kernels read this slot repacked: it must be)
+        shared = _shared_copy(source, r)
+        if shared is not None:
+            arrays[r.slot] = shared
+        else:
+            todo.append(r)
+    if todo:
+        region = memory.HugePageRegion(memory.region_bytes(consts[r.source_slot] for r in todo))
+        for r in todo:
+            arrays[r.slot] = repacked_copy(consts[r.source_slot], r, repack_fn, region)
+    return arrays, repacked_sources

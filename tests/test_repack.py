@@ -1,0 +1,182 @@
+"""Weights repacked for the 16-row int16 kernels (backend/c/repack.py, qdot16x16.h): the layout is the documented
+one, the kernels reading it give exactly the bits of those reading the GGUF layout, the copy takes the place of the
+huge-page copy (the original stays where it is for the other readers), a weight already in huge-page memory is
+read in place, and cached plans carry their repack slots."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import lightspeed as ls
+from cpu_flags import has_flags
+from lightspeed import memory
+from lightspeed.backend.c import plan_cache
+from lightspeed.backend.c.compiler import default_flags
+from lightspeed.backend.c.repack import GROUP, REPACK_CODES
+from lightspeed.quant import QType, block_format, dequant_matrix_graph
+from quant_blocks import random_raw
+from test_quantized_matmul import build
+
+QTYPES = list(REPACK_CODES)
+NO_REPACK = default_flags() + ["-DLS_NO_REPACK16"]
+needs_vnni = pytest.mark.skipif(not has_flags("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+                                reason="the repacked layout is read by the AVX-512 VNNI kernels only")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path))
+
+
+def reference_layout(raw: np.ndarray, qtype: QType) -> np.ndarray:
+    """The layout ls_repack16 documents, written with numpy: per whole group of 16 rows, the scales (q4_1: then
+    the mins) block by block, lane by lane, then per block dword j of every lane (bytes 4j..4j+3 of the row's
+    quants; q8_0's plus 128); the rows after the last whole group as they are."""
+    fmt = block_format(qtype)
+    rows, rb = raw.shape
+    nblk, ns = rb // fmt.block_bytes, 2 if qtype is QType.Q4_1 else 1
+    out = raw.copy()
+    whole = rows // GROUP * GROUP
+    blocks = raw[:whole].reshape(rows // GROUP, GROUP, nblk, fmt.block_bytes)
+    for g in range(rows // GROUP):
+        b = blocks[g]  # [lane, block, bytes]
+        scales = [b[:, :, 2 * k:2 * k + 2].transpose(1, 0, 2).reshape(-1) for k in range(ns)]
+        quants = b[:, :, 2 * ns:].reshape(GROUP, nblk, -1, 4).transpose(1, 2, 0, 3).reshape(-1)
+        if qtype is QType.Q8_0:
+            quants = quants ^ 0x80
+        out[g * GROUP:(g + 1) * GROUP] = np.concatenate(scales + [quants]).reshape(GROUP, rb)
+    return out
+
+
+def executor(prog):
+    return prog.executor
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_the_layout_is_the_documented_one(qtype: QType) -> None:
+    """ls_repack16 is portable C in every build: its output is the numpy layout, whole groups and tail alike."""
+    from lightspeed.backend.c import _repack16
+    rng = np.random.default_rng(7 + int(qtype))
+    k = 3 * 32
+    raw = random_raw(qtype, 16, k, rng)
+    g, y = build(qtype, k, 16, raw, with_bias=False)
+    prog = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    for rows in (16, 40, 7):
+        src = random_raw(qtype, rows, k, rng)
+        dst = np.zeros_like(src)
+        _repack16(executor(prog)._lib)(src.ctypes.data, dst.ctypes.data, rows, src.shape[1], REPACK_CODES[qtype])
+        np.testing.assert_array_equal(dst, reference_layout(src, qtype))
+        assert rows < GROUP or not np.array_equal(dst, src)
+
+
+def test_int16_matmuls_over_a_constant_read_one_repack_slot_per_constant() -> None:
+    """Two matmuls of one constant share its slot; a matmul whose weights are an input and float activations get
+    none; the kernels name the slot and render the repacked call."""
+    rng = np.random.default_rng(3)
+    k, n = 64, 48
+    g = ls.Graph()
+    seq = ls.dim("seq", 1, 16)
+    x = g.input("x", (seq, k))
+    raw = random_raw(QType.Q4_1, n, k, rng)
+    w = dequant_matrix_graph(g.constant(raw), QType.Q4_1)
+    other = dequant_matrix_graph(g.constant(random_raw(QType.Q8_0, 32, k, rng)), QType.Q8_0)
+    as_input = dequant_matrix_graph(g.input("wraw", raw.shape, ls.uint8), QType.Q4_1)
+    outs = [x.linear(w), x.sin().linear(w), x.linear(other), x.linear(as_input)]
+    prog = g.compile(outs, backend="c", activations="int16", plan_cache=False)
+    plan = executor(prog).plan
+    assert [(r.code, r.rows, r.row_bytes) for r in plan.repacks] == [(2, n, raw.shape[1]), (0, 32, 34 * 2)]
+    twins = {r.slot for r in plan.repacks}
+    qmm = [k for k in plan.kernels if k.kind == "qmatmul"]
+    assert sorted(k.template.weights_layout for k in qmm) == ["r16", "r16", "r16", "rows"]
+    assert sum(k.template_reads[1].slot in twins for k in qmm) == 3
+    assert "ls_qdot16x16r_q4_1" in executor(prog).source
+    ref = g.compile(outs, backend="reference")
+    xv = rng.standard_normal((5, k)).astype(np.float32)
+    for got, want in zip(prog(x=xv, wraw=raw), ref(x=xv, wraw=raw)):
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * float(np.abs(want).max()))
+    assert executor(g.compile(outs, backend="c", activations="float", plan_cache=False)).plan.repacks == []
+
+
+@needs_vnni
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("n", [16, 40, 96])
+def test_repacked_weights_give_the_bits_of_the_gguf_layout(qtype: QType, n: int) -> None:
+    rng = np.random.default_rng(20 + int(qtype) + n)
+    k = 18 * 32
+    raw = random_raw(qtype, n, k, rng)
+    g, y = build(qtype, k, n, raw, with_bias=False)
+    repacked = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    plain = g.compile([y], backend="c", activations="int16", flags=NO_REPACK, plan_cache=False)
+    (r,) = executor(repacked).plan.repacks
+    # the slot holds the documented layout in this build, the constant itself in the other
+    twin = executor(repacked)._repacked[0]
+    np.testing.assert_array_equal(twin, reference_layout(raw, qtype))
+    assert memory.in_region(twin) and np.array_equal(executor(plain)._repacked[0], raw)
+    for m in (1, 3, 8, 20):
+        xv = rng.standard_normal((m, k)).astype(np.float32)
+        np.testing.assert_array_equal(repacked(x=xv)[0], plain(x=xv)[0])
+
+
+def test_a_constant_other_kernels_read_stays_in_the_gguf_layout() -> None:
+    """A tied embedding: a row gather and the LM head read one Q8_0 constant, so the head reads it as it is (a
+    copy would leave the original resident beside it); an untied head of the same shape is repacked."""
+    rng = np.random.default_rng(5)
+    vocab, k = 4096, 64
+    raw = random_raw(QType.Q8_0, vocab, k, rng)
+    raw.flags.writeable = False  # as a weight mapped from a file
+    g = ls.Graph()
+    seq = ls.dim("seq", 1, 8)
+    ids = g.input("ids", (seq,), ls.int32)
+    table = g.constant(raw)
+    h = (dequant_matrix_graph(table.gather(ids).reshape((-1, raw.shape[1])), QType.Q8_0) * 0.5).sin()
+    head = g.constant(random_raw(QType.Q8_0, vocab, k, rng))
+    outs = [h.linear(dequant_matrix_graph(table, QType.Q8_0)), h.linear(dequant_matrix_graph(head, QType.Q8_0))]
+    prog = g.compile(outs, backend="c", activations="int16", plan_cache=False)
+    plan = executor(prog).plan
+    slot_of = {id(c): b.slot for b, c in plan.consts}
+    assert [r.source_slot for r in plan.repacks] == [slot_of[id(head.node.arg)]]
+    ref = g.compile(outs, backend="reference")
+    tokens = np.array([3, 4095, 0, 17], np.int32)
+    for got, want in zip(prog(ids=tokens), ref(ids=tokens)):
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
+@needs_vnni
+def test_a_weight_already_in_huge_page_memory_is_read_in_place() -> None:
+    """A requantized weight (--quant) lives in huge-page memory already: a repacked copy would hold it twice."""
+    rng = np.random.default_rng(6)
+    k, n = 4 * 32, 2048
+    raw = random_raw(QType.Q4_0, n, k, rng)
+    region = memory.HugePageRegion(memory.region_bytes([raw]))
+    held = region.copy(raw)
+    g, y = build(QType.Q4_0, k, n, held, with_bias=False)
+    prog = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    plan = executor(prog).plan
+    assert plan.repacks == [] and [k.template.weights_layout for k in plan.kernels if k.kind == "qmatmul"] == ["rows"]
+    assert held.ctypes.data in [a.ctypes.data for a in executor(prog)._consts]
+    plain = g.compile([y], backend="c", activations="int16", flags=NO_REPACK, plan_cache=False)
+    xv = rng.standard_normal((2, k)).astype(np.float32)
+    np.testing.assert_array_equal(prog(x=xv)[0], plain(x=xv)[0])
+
+
+def test_cached_plans_carry_their_repacks() -> None:
+    rng = np.random.default_rng(8)
+    k, n = 64, 32
+    raw = random_raw(QType.Q8_0, n, k, rng)
+    g, y = build(QType.Q8_0, k, n, raw, with_bias=False)
+    first = g.compile([y], backend="c", activations="int16")
+    again = g.compile([y], backend="c", activations="int16")
+    assert isinstance(executor(again).plan, plan_cache.CachedPlan)
+    assert executor(again).plan.repacks == executor(first).plan.repacks != []
+    xv = rng.standard_normal((3, k)).astype(np.float32)
+    np.testing.assert_array_equal(again(x=xv)[0], first(x=xv)[0])
+    # an entry naming a repack of anything but a uint8 constant of its shape is refused
+    program = executor(first).program
+    table = json.loads(json.dumps(plan_cache._table(program, executor(first).plan)))  # as an entry holds it
+    plan_cache.validate(program, table)
+    for bad in ([table["repacks"][0][0], 0, 0, n, 68], [table["repacks"][0][0], table["repacks"][0][1], 0, n, 64],
+                [table["repacks"][0][0], table["repacks"][0][1], 7, n, 68]):
+        with pytest.raises(plan_cache.Uncacheable, match="repack entry"):
+            plan_cache.validate(program, dict(table, repacks=[bad]))
