@@ -143,6 +143,26 @@ def test_a_constant_other_kernels_read_stays_in_the_gguf_layout() -> None:
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
 
 
+def test_a_build_reading_the_gguf_layout_points_the_slot_at_the_weights_huge_page_copy() -> None:
+    """Portable builds (and every build without the 16-row kernels) read the GGUF layout: the repack slot must
+    point where the constant's own slot does, its huge-page copy, not at the original (a file mapping)."""
+    rng = np.random.default_rng(9)
+    k, n = 4 * 32, 2048  # 147 KB: a weight that gets a huge-page copy
+    raw = random_raw(QType.Q4_0, n, k, rng)
+    raw.flags.writeable = False  # as a weight mapped from a file
+    g, y = build(QType.Q4_0, k, n, raw, with_bias=False)
+    ref = g.compile([y], backend="reference")
+    xv = rng.standard_normal((2, k)).astype(np.float32)
+    for options in (dict(portable=True), dict(flags=NO_REPACK)):
+        prog = g.compile([y], backend="c", activations="int16", plan_cache=False, **options)
+        ex = executor(prog)
+        (r,) = ex.plan.repacks
+        (source,) = [a for (b, _), a in zip(ex.plan.consts, ex._consts) if b.slot == r.source_slot]
+        assert memory.in_region(source) and len(ex._repacked) == 1 and ex._repacked[0] is source, options
+        (got,), (want,) = prog(x=xv), ref(x=xv)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * float(np.abs(want).max()))
+
+
 @needs_vnni
 def test_a_weight_already_in_huge_page_memory_is_read_in_place() -> None:
     """A requantized weight (--quant) lives in huge-page memory already: a repacked copy would hold it twice."""

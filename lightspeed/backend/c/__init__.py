@@ -173,19 +173,21 @@ class CBackend:
         self._slot_view = np.frombuffer(_FFI.buffer(self._ptrs), dtype=np.uintp)
         self._consts = [c.array for _, c in plan.consts]  # keep them alive
         # weights the build reads repacked (repack.py): the copies, made before any other copy of their source,
-        # which the matmuls then no longer read
-        repacked, kept = {}, set()
+        # which the matmuls then no longer read; a repack slot of a format the build reads in the GGUF layout
+        # points where its source's slot does
+        repacked = {}
         if plan.repacks:
             by_slot = {b.slot: a for (b, _), a in zip(plan.consts, self._consts)}
-            repacked, kept = bind_repacks(plan.repacks, int(self._lib.ls_repack16_formats), by_slot,
-                                          _repack16(self._lib))
-        self._repacked = list(repacked.values())  # keep them alive
+            repacked = bind_repacks(plan.repacks, int(self._lib.ls_repack16_formats), by_slot, _repack16(self._lib))
+        kept = frozenset(r.source_slot for r in plan.repacks if r.slot in repacked)
         if huge_pages:
             self._consts = _weights_on_huge_pages(
                 self._consts, frozenset(k for k, (b, _) in enumerate(plan.consts) if b.slot in kept))
-        for (b, _), a in zip(plan.consts, self._consts):
-            self._ptrs[b.slot] = _FFI.from_buffer(a)
-        for slot, a in repacked.items():
+        by_slot = {b.slot: a for (b, _), a in zip(plan.consts, self._consts)}
+        for r in plan.repacks:
+            repacked.setdefault(r.slot, by_slot[r.source_slot])
+        self._repacked = list(repacked.values())  # keep them alive
+        for slot, a in list(by_slot.items()) + list(repacked.items()):
             self._ptrs[slot] = _FFI.from_buffer(a)
         self.arena_bytes = plan.arena_bytes
         memory.release_freed_heap()  # forming and rendering freed many objects; return their pages

@@ -137,18 +137,16 @@ def repacked_copy(source: np.ndarray, r: Repack, repack_fn, region: memory.HugeP
 
 
 def bind_repacks(repacks: list[Repack], formats: int, consts: dict[int, np.ndarray], repack_fn
-                 ) -> tuple[dict[int, np.ndarray], set[int]]:
-    """(the array of every repack slot, the source slots the matmuls no longer read). ``formats``: the
-    library's ls_repack16_formats; ``consts``: the constants' arrays by slot, as the program holds them. The
-    new copies share one huge-page region (each region is at least one 2 MiB page)."""
-    arrays, repacked_sources, todo = {}, set(), []
+                 ) -> dict[int, np.ndarray]:
+    """The repacked copy of every repack slot whose format this build reads repacked (``formats``: the library's
+    ls_repack16_formats); ``consts``: the constants' arrays by slot, as the program holds them. The other slots
+    must point where their source constant's slot points (the caller binds them after its own copies). The new
+    copies share one huge-page region (each region is at least one 2 MiB page)."""
+    arrays, todo = {}, []
     for r in repacks:
-        source = consts[r.source_slot]
         if not formats >> r.code & 1:  # this build reads the GGUF layout
-            arrays[r.slot] = source
             continue
-        repacked_sources.add(r.source_slot)  # (the build's kernels read this slot repacked: it must be)
-        shared = _shared_copy(source, r)
+        shared = _shared_copy(consts[r.source_slot], r)
         if shared is not None:
             arrays[r.slot] = shared
         else:
@@ -157,4 +155,4 @@ def bind_repacks(repacks: list[Repack], formats: int, consts: dict[int, np.ndarr
         region = memory.HugePageRegion(memory.region_bytes(consts[r.source_slot] for r in todo))
         for r in todo:
             arrays[r.slot] = repacked_copy(consts[r.source_slot], r, repack_fn, region)
-    return arrays, repacked_sources
+    return arrays
