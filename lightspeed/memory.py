@@ -77,6 +77,36 @@ class HugePageRegion:
         return out
 
 
+class SharedCopies:
+    """Copies of read-only arrays (weights mapped from a file), so that programs over the same weights read one
+    copy instead of making another. An entry is keyed by the source's address, size, dtype and shape plus a
+    ``kind`` (what sort of copy it is), holds its source, so that address cannot be reused by other data while
+    the copy lives, and goes when the copy does. A writable source may change: it is never shared."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+
+    @staticmethod
+    def key(source: np.ndarray, *kind) -> tuple:
+        return (source.ctypes.data, source.nbytes, source.dtype.str, source.shape) + kind
+
+    def __contains__(self, key: tuple) -> bool:
+        return key in self._entries
+
+    def get(self, source: np.ndarray, *kind) -> np.ndarray | None:
+        """The live copy of ``source`` of that kind, if any."""
+        entry = self._entries.get(self.key(source, *kind)) if not source.flags.writeable else None
+        return entry[0]() if entry is not None else None
+
+    def put(self, source: np.ndarray, copy: np.ndarray, *kind) -> None:
+        """Share ``copy`` as the copy of ``source`` of that kind (nothing for a writable source)."""
+        if source.flags.writeable:
+            return
+        key = self.key(source, *kind)
+        self._entries[key] = (weakref.ref(copy), source)
+        weakref.finalize(copy, self._entries.pop, key, None)
+
+
 def region_bytes(arrays) -> int:
     """Bytes a region needs to hold copies of ``arrays``."""
     return sum(-(-a.nbytes // ALIGN) * ALIGN for a in arrays) + ALIGN

@@ -48,11 +48,9 @@ __all__ = ["CBackend", "CompilerError", "set_num_threads", "get_num_threads", "s
 HUGE_PAGE_MIN_BYTES = 64 << 10  # smaller constants stay where they are
 
 
-# copies of read-only arrays (weights mapped from a file) already in huge-page memory, by the source's
-# address, size, dtype and shape: a second program over the same weights (e.g. serve's batched step next to
-# the single-sequence one) reads the same copy instead of making another. An entry holds its source, so
-# that address cannot be reused by other data while the copy lives; it goes when the copy does.
-_COPIES: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+# copies in huge-page memory of read-only weights: a second program over the same weights (e.g. serve's batched
+# step next to the single-sequence one) reads the same copy instead of making another
+_COPIES = memory.SharedCopies()
 
 
 def _weights_on_huge_pages(arrays: list[np.ndarray], keep: frozenset[int] = frozenset()) -> list[np.ndarray]:
@@ -64,23 +62,19 @@ def _weights_on_huge_pages(arrays: list[np.ndarray], keep: frozenset[int] = froz
     for k, a in enumerate(arrays):
         if a.nbytes < HUGE_PAGE_MIN_BYTES or memory.in_region(a) or k in keep:
             continue
-        key = (a.ctypes.data, a.nbytes, a.dtype.str, a.shape)
-        entry = _COPIES.get(key) if not a.flags.writeable else None
-        copy = entry[0]() if entry is not None else None
+        copy = _COPIES.get(a)
         if copy is not None:
             out[k] = copy
         else:
-            todo.append((k, key))
+            todo.append(k)
     if not todo:
         return out
-    region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k, _ in todo))
+    region = memory.HugePageRegion(memory.region_bytes(arrays[k] for k in todo))
     maps = memory.read_mappings()  # once for every copy: the file mappings do not change while they run
-    for k, key in todo:
+    for k in todo:
         # chunk by chunk, so a large weight is not resident twice while it is copied
         out[k] = region.copy(arrays[k], release=True, maps=maps)
-        if not arrays[k].flags.writeable:  # a writable source may change: its next program copies it again
-            _COPIES[key] = (weakref.ref(out[k]), arrays[k])
-            weakref.finalize(out[k], _COPIES.pop, key, None)
+        _COPIES.put(arrays[k], out[k])
     return out
 
 

@@ -201,12 +201,6 @@ LS_QDOT16X16(ls_qdot16x16_q4_1, 2, 20)
  * row has the same bits in either layout. A group of 16 rows keeps its 16 * rb bytes (see ls_repack16); the rows
  * after the last whole group stay in the GGUF layout and take the masked kernel above, so callers must start
  * every call at a multiple of 16 rows of the matrix (the renderer's work items are). */
-#ifndef LS_R16_GROUP_PF
-#define LS_R16_GROUP_PF 1
-#endif
-#ifndef LS_R16_PF
-#define LS_R16_PF 0
-#endif
 static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint8_t *restrict g, int64_t nblk,
         const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
@@ -217,17 +211,16 @@ static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint
     for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
     /* as the GGUF layout's kernel: each block prefetches its share (16 * BB bytes) of the group LS_Q16X16_PF
      * ahead into L1 and of the one after into L2 (a work item's stream is short: the hardware prefetchers
-     * alone ramp up too late; one decode row took 1.14x the time without) */
-    const uint8_t *pf = g + LS_R16_GROUP_PF * 16 * nblk * BB;
+     * alone ramp up too late; one decode row took 1.14x the time without, a prefetch 1 KiB down the stream
+     * instead was slower too) */
+    const uint8_t *pf = g + LS_Q16X16_PF * 16 * nblk * BB;
     for (int64_t b = 0; b < nblk; b++, pf += 16 * BB) {
         const uint8_t *p = qs + b * QB;
-        if (LS_R16_GROUP_PF > 0)
+        if (LS_Q16X16_PF > 0)
             for (int o = 0; o < 16 * BB; o += 64) {
                 LS_PF(pf + o, 0, 3);
                 LS_PF(pf + 16 * nblk * BB + o, 0, 2);
             }
-        if (LS_R16_PF > 0)
-            for (int o = 0; o < QB; o += 64) LS_PF(p + LS_R16_PF + o, 0, 3);
         __m512i wv[8];
         if (QT == 0) {
             for (int j = 0; j < 8; j++) wv[j] = _mm512_loadu_si512((const void *)(p + 64 * j));
@@ -311,7 +304,8 @@ void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int
                 for (int k = 0; k < NS; k++) memcpy(d + (k * nblk + b) * 32 + 2 * n, blk + 2 * k, 2);
                 for (int j = 0; j < QBR / 4; j++)
                     for (int t = 0; t < 4; t++)
-                        qd[b * 16 * QBR + j * 64 + 4 * n + t] = (uint8_t)(blk[2 * NS + 4 * j + t] ^ (qt == 0 ? 0x80 : 0));
+                        qd[b * 16 * QBR + j * 64 + 4 * n + t] =
+                            (uint8_t)(blk[2 * NS + 4 * j + t] ^ (qt == 0 ? 0x80 : 0));
             }
     }
     memcpy(dst + whole * rb, src + whole * rb, (size_t)((rows - whole) * rb));

@@ -26,7 +26,6 @@ the same weights.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -100,18 +99,12 @@ def add_repacks(plan: KernelPlan) -> KernelPlan:
     return plan
 
 
-# repacked copies by (source address, size, code, rows, row bytes): programs over the same weights share one. An
-# entry holds its source, so that address is not reused by other data while the copy lives.
-_COPIES: dict[tuple, tuple[weakref.ref, np.ndarray]] = {}
+# repacked copies of read-only weights, by source and layout: programs over the same weights share one
+_COPIES = memory.SharedCopies()
 
 
-def _key(source: np.ndarray, r: Repack) -> tuple:
-    return (source.ctypes.data, source.nbytes, r.code, r.rows, r.row_bytes)
-
-
-def _shared_copy(source: np.ndarray, r: Repack) -> np.ndarray | None:
-    entry = _COPIES.get(_key(source, r)) if not source.flags.writeable else None
-    return entry[0]() if entry is not None else None
+def _kind(r: Repack) -> tuple:
+    return ("r16", r.code, r.rows, r.row_bytes)
 
 
 def repacked_copy(source: np.ndarray, r: Repack, repack_fn, region: memory.HugePageRegion) -> np.ndarray:
@@ -129,10 +122,7 @@ def repacked_copy(source: np.ndarray, r: Repack, repack_fn, region: memory.HugeP
         repack_fn(source.ctypes.data + lo * r.row_bytes, out.ctypes.data + lo * r.row_bytes, n, r.row_bytes, r.code)
         if maps is not None:
             memory.release_file_pages([source[lo:lo + n]], maps)
-    if not source.flags.writeable:  # a writable source may change: its next program repacks it again
-        key = _key(source, r)
-        _COPIES[key] = (weakref.ref(out), source)
-        weakref.finalize(out, _COPIES.pop, key, None)
+    _COPIES.put(source, out, *_kind(r))
     return out
 
 
@@ -146,7 +136,7 @@ def bind_repacks(repacks: list[Repack], formats: int, consts: dict[int, np.ndarr
     for r in repacks:
         if not formats >> r.code & 1:  # this build reads the GGUF layout
             continue
-        shared = _shared_copy(consts[r.source_slot], r)
+        shared = _COPIES.get(consts[r.source_slot], *_kind(r))
         if shared is not None:
             arrays[r.slot] = shared
         else:
