@@ -1,11 +1,12 @@
 """Decode attention splits its keys across work items (backend/c/attention_split.py).
 
-A work item with few query rows (decode) over more keys than one part (kernel/attention.py SPLIT_KEYS)
-becomes one item per part; each part's partial softmax state goes to the kernel's scratch and the launcher
-merges the parts in order. Checked against the reference interpreter at and around the part boundaries,
-with the masks the models build (causal over grouped heads, sliding window: whole parts masked, rows that
-see no key: the merge reruns the parts that skipped), float16 caches and NaN keys; and for bits: the same
-with 1 and 2 threads, and a batched-step row the same alone and in a batch.
+A work item with few query rows (decode, or a short prompt's rows: at most one row block) over more keys than
+one part (kernel/attention.py SPLIT_KEYS) becomes one item per part; each part's partial softmax state goes
+to the kernel's scratch and the launcher merges the parts in order. Checked against the reference interpreter
+at and around the part boundaries, with the masks the models build (causal over grouped heads, sliding
+window: whole parts masked, rows that see no key: the merge reruns the parts that skipped), float16 caches
+and NaN keys; and for bits: the same with 1 and 2 threads, and a batched-step row the same alone and in a
+batch.
 """
 from __future__ import annotations
 
@@ -95,6 +96,18 @@ def test_every_few_rows_count_and_value_width(rep, d, dv):
     in groups of up to 4 vectors (48 columns: 2 groups of 3, 40: 5 of 1; Gemma's 256: 8 of 4)."""
     check(*build(d=d, dv=dv, rep=rep, kv_dtype=ls.float16), POSITIONS[:6], kv_dtype=np.float16, d=d, dv=dv,
           rep=rep)
+
+
+@pytest.mark.parametrize("rep", [4, 9, 12])
+def test_rows_of_a_register_tile_split_too(rep):
+    """More query rows a KV head than the few-rows path takes (a short prompt's rows over a long context, a
+    prefill chunk riding on a decode step): the register-tile path splits its keys as well, up to a work item's
+    row block, so two threads share the parts instead of taking a KV head each."""
+    from lightspeed.backend.c.attention import FEW_ROWS, ROWS
+    from lightspeed.kernel.attention import SPLIT_ROWS
+    assert FEW_ROWS <= rep <= min(SPLIT_ROWS, ROWS)
+    prog = check(*build(kv_dtype=ls.float16, rep=rep), POSITIONS, kv_dtype=np.float16, rep=rep)
+    assert f"(NI <= {min(SPLIT_ROWS, ROWS)} && NJ > {PK})" in prog.executor.source
 
 
 def test_sliding_window_masks_whole_parts():

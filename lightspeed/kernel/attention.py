@@ -30,10 +30,12 @@ from .attention_rows import RowSelect, row_select, split_select
 
 MAX_VALUE_WIDTH = 256  # the value accumulator of a row lives in registers/L1: [rows][width] floats
 MAX_STAGED_DEPTH = 256  # the staged key block of the product form: [depth][block] floats
-# decode (a work item of at most SPLIT_ROWS query rows) splits its keys into parts of SPLIT_KEYS, one work
-# item each, when the partial results of every part fit SPLIT_SCRATCH_BYTES of arena (see KeySplit)
+# a work item of at most SPLIT_ROWS query rows (decode; a short prompt or a prefill chunk over a long context)
+# splits its keys into parts of SPLIT_KEYS, one work item each, when the partial results of every part fit
+# SPLIT_SCRATCH_BYTES of arena (see KeySplit). 32 rows (the renderer's row block): with 3 only decode split, and
+# a 2-token call of SmolLM2 (6 rows) at position 1,500 ran its attention as one item per KV head, 1.19x the time
 SPLIT_KEYS = 256  # 0: never split
-SPLIT_ROWS = 3
+SPLIT_ROWS = 32
 SPLIT_SCRATCH_BYTES = 16 << 20
 
 R_PAT = (P.w * P.v).sum()
@@ -234,7 +236,7 @@ def _index_loads(former):
 
 @dataclass(frozen=True)
 class KeySplit:
-    """How a work item with few query rows (decode) splits its keys: parts of ``part_keys`` consecutive
+    """How a work item with few query rows (decode, a short prompt) splits its keys: parts of ``part_keys`` consecutive
     keys starting at multiples of it (so where they start depends on the key index only, never on the
     number of keys, threads or rows in a batch), one work item each, whose partial results (per row:
     the running max m, sum l, NaN flag and value accumulator, and whether masked blocks were skipped)

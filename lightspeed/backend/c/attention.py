@@ -8,8 +8,8 @@ whose two factors each depend on one of the two indices), the key block is stage
 dot products of ROWS x KEYS scores are accumulated as a small register-blocked matrix product;
 any other score expression is evaluated element by element. Register tiles use GNU vector types;
 the source holds one tiling per vector width and the compiler's target (``-march=native``) picks.
-In decode (few query rows) the keys of a (batch, head) may be split across work items, their partial
-results merged after the items (attention_split.py).
+With few query rows (decode; a short prompt over a long context: at most one row block) the keys of a
+(batch, head) may be split across work items, their partial results merged after the items (attention_split.py).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def render_attention(r, k: ir.Kernel) -> tuple[str, str]:
     QB, KB, EV = schedule.size(Tile, "q", ROWS), schedule.size(Tile, "keys", KEYS), t.width
     C = float_literal(float(t.c))
     prod = split_product(t)
-    split = ks.active_split(k, t, QB, KB, FEW_ROWS)  # decode's keys split across items (attention_split.py)
+    split = ks.active_split(k, t, QB, KB)  # few rows' keys split across items (attention_split.py)
     P = r.idx(sym.prod(shape[:-2])) if prefix else "1"
     NI, NJ = r.idx(shape[-2]), r.idx(t.keys)
     head = ["    const ls_launch *l = (const ls_launch *)vctx;", "    const ls_args *a = l->a;", "    (void)a;"]
@@ -138,7 +138,7 @@ def render_attention(r, k: ir.Kernel) -> tuple[str, str]:
     else:  # a rerun of the merge (first_pass 1) names its item directly
         lines = ["static void KFN_items(void *vctx, int64_t p0, int64_t p1, int first_pass) {"] + MACROS + head + [
             f"    enum {{ FEW_ROWS = {FEW_ROWS} }};",
-            f"    const int64_t S = {ks.parts(split, QB, FEW_ROWS)};",
+            f"    const int64_t S = {ks.parts(split, QB)};",
             f"    const int64_t NT = ({P}) * IB * S;  (void)NT; (void)first_pass;",
             "    for (int64_t p = p0; p < p1; p++) {",
             f"        const int64_t q = first_pass ? p : {alternate};"] + ks.item_lines()
@@ -217,14 +217,14 @@ def render_attention(r, k: ir.Kernel) -> tuple[str, str]:
             lines += ["        if (S > 1) {"] + ks.store_lines(r, k, split) + ["        } else {"]
             lines += ["    " + ln for ln in write] + ["        }", "    }", "}"]
             lines += ["static void KFN(void *vctx, int64_t p0, int64_t p1) { KFN_items(vctx, p0, p1, 0); }"]
-            lines += ks.merge_function(r, k, split, head, P, outer, out_off, M, C, QB, FEW_ROWS)
+            lines += ks.merge_function(r, k, split, head, P, outer, out_off, M, C, QB)
     finally:
         for v in (t.i, t.j, t.e):
             r.rename.pop(v, None)
     depth = prod.depth if prod is not None else 1
     if split is not None:
         work = f"n0 * {QB} * NJ * {depth + EV}"
-        return "\n".join(lines), ks.launch(split, NI, NJ, P, QB, work, PARALLEL_GRAIN, FEW_ROWS)
+        return "\n".join(lines), ks.launch(split, NI, NJ, P, QB, work, PARALLEL_GRAIN)
     call = (f"    {{ const int64_t NI = {NI}, NJ = {NJ}; const int64_t n = ({P}) * ((NI + {QB - 1}) / {QB});\n"
             f"      if (n * {QB} * NJ * {depth + EV} >= {PARALLEL_GRAIN}) ls_parallel_for(KFN, &l, n); "
             f"else KFN(&l, 0, n); }}")

@@ -2,10 +2,11 @@
 ``KeySplit``.
 
 In decode a work item is the few query rows of one (batch, head), so there are as few items as heads
-(SmolLM2: 3) and the threads cannot share them evenly. When the split applies (few rows, more keys than
-one part), the items become (outer index, part): part ``s`` streams keys ``s * PK .. s * PK + PK - 1``
-(whole key blocks) and stores its running max m, sum l, NaN flag, accumulator and whether it skipped masked
-blocks in the kernel's scratch. After the items the launcher merges each outer index's parts in order
+(SmolLM2: 3) and the threads cannot share them evenly; so is a short prompt's (rows of one row block, on the
+register-tile path). When the split applies (at most one row block, more keys than one part), the items
+become (outer index, part): part ``s`` streams keys ``s * PK .. s * PK + PK - 1`` (whole key blocks) and
+stores its running max m, sum l, NaN flag, accumulator and whether it skipped masked blocks in the kernel's
+scratch. After the items the launcher merges each outer index's parts in order
 s = 0, 1, ...: m = max m_s, l = sum l_s 2^((m_s - m) c), acc = sum acc_s 2^((m_s - m) c), out = acc / l,
 a part with m_s = -inf weighing 0. Skipping masked blocks is checked once, against the merged max: if a
 skipped key would have had a nonzero weight (a row that sees no key at all), the parts that skipped are
@@ -20,17 +21,18 @@ from ...kernel.attention import AttentionKernel, KeySplit
 from .attention_skip import ZERO_EXPONENT
 
 
-def active_split(k: ir.Kernel, t: AttentionKernel, QB: int, KB: int, few_rows: int) -> KeySplit | None:
+def active_split(k: ir.Kernel, t: AttentionKernel, QB: int, KB: int) -> KeySplit | None:
     """The split of kernel ``k`` as rendered with ``QB`` rows and ``KB`` keys a block, if any."""
     s = t.split
-    if s is None or not k.scratch or s.part_keys % KB or min(s.rows, few_rows - 1, QB) < 1:
+    if s is None or not k.scratch or s.part_keys % KB or min(s.rows, QB) < 1:
         return None
     return s
 
 
-def parts(s: KeySplit, QB: int, few_rows: int) -> str:
-    """C: the number of parts S (1: no split) from NI and NJ alone."""
-    R, PK = min(s.rows, few_rows - 1, QB), s.part_keys
+def parts(s: KeySplit, QB: int) -> str:
+    """C: the number of parts S (1: no split) from NI and NJ alone: rows that fit one work item's row block
+    (and the records) split their keys, whichever path (few rows or register tiles) the item takes."""
+    R, PK = min(s.rows, QB), s.part_keys
     return f"(NI <= {R} && NJ > {PK}) ? (NJ + {PK - 1}) / {PK} : 1"
 
 
@@ -65,7 +67,7 @@ def store_lines(r, k: ir.Kernel, s: KeySplit) -> list[str]:
 
 
 def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer: list[str], out_off: str,
-                   M: str | None, C: str, QB: int, few_rows: int) -> list[str]:
+                   M: str | None, C: str, QB: int) -> list[str]:
     """``static void KFN_merge(void *vctx)``: every outer index's parts merged into the output. ``head``:
     the declarations (buffers, NI, NJ); ``P``: the number of outer indices; ``outer``: the lines that set the
     outer loop variables from ``row``; ``out_off``: the output offset at rows ``i0 + rr`` and column ``e``;
@@ -73,7 +75,7 @@ def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer:
     f = _fields(s, "part_rec(sp)")
     R, W = s.rows, s.width
     lines = ["static void KFN_merge(void *vctx) {"] + head + [
-        f"    const int64_t S = {parts(s, QB, few_rows)};",
+        f"    const int64_t S = {parts(s, QB)};",
         f"    for (int64_t g = 0; g < {P}; g++) {{",
         "        int64_t row = g;"] + outer + [
         "        (void)row;",
@@ -134,11 +136,11 @@ def merge_function(r, k: ir.Kernel, s: KeySplit, head: list[str], P: str, outer:
     return lines
 
 
-def launch(s: KeySplit, NI: str, NJ: str, P: str, QB: int, work: str, grain: int, few_rows: int) -> str:
+def launch(s: KeySplit, NI: str, NJ: str, P: str, QB: int, work: str, grain: int) -> str:
     """The launch: S parts of every item, then the merge when S > 1. ``work`` (C, from NJ and ``n0`` the
     number of unsplit items) decides whether the items run on the pool."""
     return (f"    {{ const int64_t NI = {NI}, NJ = {NJ}; const int64_t n0 = ({P}) * ((NI + {QB - 1}) / {QB});\n"
-            f"      const int64_t S = {parts(s, QB, few_rows)}, n = n0 * S;\n"
+            f"      const int64_t S = {parts(s, QB)}, n = n0 * S;\n"
             f"      if ({work} >= {grain}) ls_parallel_for(KFN, &l, n); else KFN(&l, 0, n);\n"
             f"      if (S > 1) KFN_merge(&l); }}")
 
