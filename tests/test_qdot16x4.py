@@ -17,6 +17,9 @@ from test_quantized_matmul import build
 needs_avx2 = pytest.mark.skipif(not has_flags("avx2", "fma", "f16c"), reason="needs a CPU with AVX2, FMA and F16C")
 AVX2 = default_flags() + (["-mno-avx512f"] if has_flags("avx512f") else [])
 FORCED_OFF = AVX2 + ["-DLS_NO_QDOT16X4"]
+# q5_0's per-row and four-row kernels as AVX-512 CPUs without VNNI build them: with VNNI the 16-row kernels of
+# qdot16x16.h take q5_0 too (test_repack.py)
+PER_ROW = default_flags() + ["-DLS_NO_QDOT16X16"]
 QTYPES = [QType.Q8_0, QType.Q4_0, QType.Q4_1]
 
 
@@ -88,20 +91,21 @@ def test_every_avx2_cpu_builds_the_four_row_kernels() -> None:
 @needs_avx2
 @pytest.mark.parametrize("n", [4, 7, 37])
 def test_q5_0_four_rows_give_the_one_row_kernels_bits(n: int) -> None:
-    """q5_0 takes int16 activations for calls of up to 8 rows (qdot16x4.h's q5_0 section), on AVX-512 CPUs too."""
+    """q5_0 takes int16 activations for calls of up to 8 rows (qdot16x4.h's q5_0 section), on AVX-512 CPUs without
+    VNNI too."""
     _q5_0_builds_agree(500 + n, 18 * 32, n, "LS_NO_QDOT16X4", (1, 2, 3))
 
 
 def _q5_0_builds_agree(seed: int, k: int, n: int, macro: str, rows: tuple[int, ...], guard: str = "") -> None:
-    """A q5_0 int16 matmul gives the same bits built as usual and with -D``macro``, at each row count;
-    ``guard``: preprocessor lines the usual build must compile with (that it took the path under test)."""
+    """A q5_0 int16 matmul gives the same bits built with the per-row kernels (PER_ROW) and with -D``macro`` too,
+    at each row count; ``guard``: preprocessor lines the first build must compile with (that it took the path
+    under test)."""
     rng = np.random.default_rng(seed)
     g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
-    usual = g.compile([y], backend="c", activations="int16", plan_cache=False)
-    other = g.compile([y], backend="c", activations="int16", flags=default_flags() + [f"-D{macro}"],
-                      plan_cache=False)
+    usual = g.compile([y], backend="c", activations="int16", flags=PER_ROW, plan_cache=False)
+    other = g.compile([y], backend="c", activations="int16", flags=PER_ROW + [f"-D{macro}"], plan_cache=False)
     if guard:
-        compile_shared(usual.executor.source + guard, flags=default_flags())
+        compile_shared(usual.executor.source + guard, flags=PER_ROW)
     for m in rows:
         xv = rng.standard_normal((m, k)).astype(np.float32)
         np.testing.assert_array_equal(usual(x=xv)[0], other(x=xv)[0])
@@ -110,17 +114,21 @@ def _q5_0_builds_agree(seed: int, k: int, n: int, macro: str, rows: tuple[int, .
 @pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
 def test_q5_0_quantizes_few_rows_and_keeps_long_calls_float(portable: bool) -> None:
     """Calls of at most 8 rows run int16 (within its rounding of the exact product, not float's bits); longer
-    ones give float activations' bits exactly; "int8" leaves q5_0 float; the portable form has the SIMD bits."""
+    ones give float activations' bits exactly (where the weights are read in the GGUF layout: the per-row kernels,
+    the portable form; the 16-row kernels read them repacked and take every row count, test_repack.py); "int8"
+    leaves q5_0 float; the portable form has the per-row SIMD kernels' bits."""
     rng = np.random.default_rng(600)
     k, n = 18 * 32, 21
     g, y = build(QType.Q5_0, k, n, random_raw(QType.Q5_0, n, k, rng), with_bias=False)
     ref = g.compile([y], backend="reference")
-    i16 = g.compile([y], backend="c", activations="int16", portable=portable, plan_cache=False)
-    flt = g.compile([y], backend="c", activations="float", portable=portable, plan_cache=False)
+    flags = None if portable else PER_ROW
+    i16 = g.compile([y], backend="c", activations="int16", portable=portable, flags=flags, plan_cache=False)
+    flt = g.compile([y], backend="c", activations="float", portable=portable, flags=flags, plan_cache=False)
     assert [bool(kk.scratch) for kk in i16.executor.plan.kernels if kk.kind == "qmatmul"] == [True]
+    assert not i16.executor.reads_repacked(QType.Q5_0)
     i8 = g.compile([y], backend="c", activations="int8", plan_cache=False)
     assert [bool(kk.scratch) for kk in i8.executor.plan.kernels if kk.kind == "qmatmul"] == [False]
-    simd = g.compile([y], backend="c", activations="int16", plan_cache=False) if portable else i16
+    simd = g.compile([y], backend="c", activations="int16", flags=PER_ROW, plan_cache=False) if portable else i16
     for m in (1, 3, 8, 9, 13):
         xv = rng.standard_normal((m, k)).astype(np.float32)
         (want,) = ref(x=xv)

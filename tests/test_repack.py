@@ -30,10 +30,21 @@ def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path))
 
 
+def q5_high_bits(qh: np.ndarray) -> np.ndarray:
+    """q5_0's high bits as the repacked layout orders them: element e's bit (bit e of qh) at bit 8t + 4 + j for
+    e = 4j + t, at bit 8t + j for e = 16 + 4j + t (j, t < 4)."""
+    h = np.zeros_like(qh)
+    for e in range(32):
+        j, t = (e % 16) // 4, e % 4
+        h |= ((qh >> np.uint32(e)) & np.uint32(1)) << np.uint32(8 * t + (4 + j if e < 16 else j))
+    return h
+
+
 def reference_layout(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """The layout ls_repack16 documents, written with numpy: per whole group of 16 rows, the scales (q4_1: then
     the mins) block by block, lane by lane, then per block dword j of every lane (bytes 4j..4j+3 of the row's
-    quants; q8_0's plus 128); the rows after the last whole group as they are."""
+    quants; q8_0's plus 128; q5_0's first dword, its high bits, reordered by q5_high_bits); the rows after the
+    last whole group as they are."""
     fmt = block_format(qtype)
     rows, rb = raw.shape
     nblk, ns = rb // fmt.block_bytes, 2 if qtype is QType.Q4_1 else 1
@@ -43,7 +54,12 @@ def reference_layout(raw: np.ndarray, qtype: QType) -> np.ndarray:
     for g in range(rows // GROUP):
         b = blocks[g]  # [lane, block, bytes]
         scales = [b[:, :, 2 * k:2 * k + 2].transpose(1, 0, 2).reshape(-1) for k in range(ns)]
-        quants = b[:, :, 2 * ns:].reshape(GROUP, nblk, -1, 4).transpose(1, 2, 0, 3).reshape(-1)
+        dwords = b[:, :, 2 * ns:].reshape(GROUP, nblk, -1, 4).transpose(1, 2, 0, 3)  # [block, dword, lane, byte]
+        if qtype is QType.Q5_0:
+            dwords = dwords.copy()
+            qh = np.ascontiguousarray(dwords[:, 0]).view(np.uint32)
+            dwords[:, 0] = q5_high_bits(qh).view(np.uint8).reshape(dwords[:, 0].shape)
+        quants = dwords.reshape(-1)
         if qtype is QType.Q8_0:
             quants = quants ^ 0x80
         out[g * GROUP:(g + 1) * GROUP] = np.concatenate(scales + [quants]).reshape(GROUP, rb)
@@ -116,7 +132,32 @@ def test_repacked_weights_give_the_bits_of_the_gguf_layout(qtype: QType, n: int)
     assert memory.in_region(twin) and np.array_equal(executor(plain)._repacked[0], raw)
     for m in (1, 3, 8, 20):
         xv = rng.standard_normal((m, k)).astype(np.float32)
+        if qtype is QType.Q5_0 and m > 8:  # read in the GGUF layout, a long call's activations stay float
+            continue
         np.testing.assert_array_equal(repacked(x=xv)[0], plain(x=xv)[0])
+
+
+@needs_vnni
+def test_q5_0_read_repacked_takes_int16_at_every_row_count() -> None:
+    """Q5_0 quantizes short calls only, its long ones running the float kernel over the GGUF layout; read repacked
+    there is no such kernel, so every row count takes the 16-row kernel: within int16 rounding of the exact
+    product at every count, the scratch sized for the longest call, and the bits of one row the same in a call of
+    one and of twenty rows (the 16-row kernel's lanes do not depend on the call)."""
+    rng = np.random.default_rng(44)
+    k, n = 18 * 32, 40  # two whole groups and a tail of 8 rows (the GGUF layout's masked kernel)
+    raw = random_raw(QType.Q5_0, n, k, rng)
+    g, y = build(QType.Q5_0, k, n, raw, with_bias=False)
+    prog = g.compile([y], backend="c", activations="int16", plan_cache=False)
+    ref = g.compile([y], backend="reference")
+    assert executor(prog).reads_repacked(QType.Q5_0)
+    (kern,) = [kk for kk in executor(prog).plan.kernels if kk.kind == "qmatmul"]
+    assert kern.template.weights_layout == "r16" and kern.scratch[0].nbytes >= 64 * k * 2
+    xv = rng.standard_normal((20, k)).astype(np.float32)
+    for m in (1, 8, 9, 20):
+        (got,), (want,) = prog(x=xv[:m]), ref(x=xv[:m])
+        err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        assert 1e-7 < err < 6e-5, (m, err)  # int16's rounding, not float's
+    np.testing.assert_array_equal(prog(x=xv[:1])[0][0], prog(x=xv)[0][0])
 
 
 def test_a_constant_other_kernels_read_stays_in_the_gguf_layout() -> None:

@@ -34,10 +34,13 @@ def quantizes_activations(qtype: QType, mode: str) -> bool:
     return mode != "float" and (qtype in QUANT_ACT_QTYPES or (mode == "int16" and qtype in FEW_ROWS_INT16_QTYPES))
 
 
-def quantized_rows_bound(qtype: QType, rows: int) -> int:
-    """The most activation rows a call of at most ``rows`` rows quantizes (its scratch's size)."""
+def quantized_rows_bound(qtype: QType, rows: int, weights_layout: str = "rows") -> int:
+    """The most activation rows a call of at most ``rows`` rows quantizes (its scratch's size). Weights read
+    repacked ("r16") take the 16-row kernels at every row count where a build reads them so, whatever the format
+    (the GGUF layout's float kernel cannot read them there)."""
     rows = max(int(rows), 1)
-    return min(rows, FEW_ROWS_QUANTIZED) if qtype in FEW_ROWS_INT16_QTYPES else rows
+    short = qtype in FEW_ROWS_INT16_QTYPES and weights_layout != "r16"
+    return min(rows, FEW_ROWS_QUANTIZED) if short else rows
 
 
 def activation_mode(activations: str = "float", int8_activations: bool = False) -> str:

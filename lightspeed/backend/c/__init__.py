@@ -17,7 +17,7 @@ from .activations import resolve_activations, source_prefix
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
-from .repack import bind_repacks
+from .repack import REPACK_CODES, bind_repacks
 from .render import render_plan
 from .scheduling import form_c_plan
 
@@ -202,6 +202,11 @@ class CBackend:
             self._outs.append((b.slot, shape, b.dtype.np, seen.setdefault(id(b), k)))
         self._has_duplicates = len(seen) != len(self._outs)
         self._has_in_place = any(o[2] is None for o in self._outs)
+
+    def reads_repacked(self, qtype) -> bool:
+        """Whether this build's matmuls read weights of ``qtype`` (a lightspeed.quant.QType) repacked (repack.py)."""
+        code = REPACK_CODES.get(qtype)
+        return code is not None and bool(int(self._lib.ls_repack16_formats) >> code & 1)
 
     def kernel_times(self, reset: bool = True) -> list[tuple[str, float]]:
         """(kernel name, seconds spent) accumulated since the last reset; needs ``profile=True``."""

@@ -438,6 +438,7 @@ LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #define LS_HAVE_QDOT16X16 1
 #define LS_HAVE_QDOT16X16_q4_0 1
 #define LS_HAVE_QDOT16X16_q4_1 1
+#define LS_HAVE_QDOT16X16_q5_0 1
 #if !defined(LS_NO_QDOT16X16_Q8_0)
 #define LS_HAVE_QDOT16X16_q8_0 1
 #endif
@@ -445,9 +446,11 @@ LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #if defined(LS_HAVE_QDOT16X16)
 #define LS_SPLIT16_q4_0 1
 #define LS_SPLIT16_q4_1 1
+#define LS_SPLIT16_q5_0 1
 #else
 #define LS_SPLIT16_q4_0 0
 #define LS_SPLIT16_q4_1 0
+#define LS_SPLIT16_q5_0 0
 #endif
 #if defined(LS_HAVE_QDOT16X16_q8_0)
 #define LS_SPLIT16_q8_0 1

@@ -1,10 +1,11 @@
-/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1 weights): 16 weight rows at once, one in each
+/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1, q5_0 weights): 16 weight rows at once, one in each
  * 32-bit lane of a zmm, the activations broadcast. ls_quantize_rows16 (qdecode.h) stores each int16 value q of
  * these builds as two signed bytes a, b with q = 256 * a + b: per activation row and block the 16 rows' exact
  * integer dot products are sum(w * a) * 256 + sum(w * b), sixteen vpdpbusd for 16 weight rows (the int16 kernels
  * of qdecode.h spend a madd, a conversion and an FMA per weight row and block), then one conversion and one FMA
  * with the 16 rows' weight scales times the activation scale, and one FMA for the offset term (q8_0: weights
- * offset by 128 to make them unsigned, -128 * d * s; q4_0: -8 * d * s; q4_1: the min, m * s).
+ * offset by 128 to make them unsigned, -128 * d * s; q4_0: -8 * d * s; q4_1: the min, m * s; q5_0: the nibble
+ * with its high bit as bit 4 of the byte, -16 * d * s).
  *
  * The weights are read in their GGUF layout: per block, the 16 rows' quant bytes are loaded and transposed at
  * dword granularity, so that vector R[j] holds in lane n bytes 4j..4j+3 of row n (q4: the low nibbles are
@@ -73,6 +74,21 @@ static inline __attribute__((always_inline)) void ls_w16x16_q4(const uint8_t *p,
     }
 }
 
+/* q5_0: the high bits (qh, lane n: row n's 32 bits, bit e for element e) onto the nibbles of w[0..7] as bit 4 of
+ * each byte: byte t of w[j] (element 4j + t) takes bit 4j + t, of w[4 + j] (element 16 + 4j + t) bit 16 + 4j + t.
+ * Four bits x go to bit 0 of four bytes by one multiply: x * 0x00204081 puts bit t at 8t and every other product
+ * at a position that is no multiple of 8 (7k + t, t != k), without carries. */
+static inline __attribute__((always_inline)) void ls_q5_high_gguf(__m512i qh, __m512i *w) {
+    const __m512i spread = _mm512_set1_epi32(0x00204081), ones = _mm512_set1_epi32(0x01010101);
+    const __m512i m4 = _mm512_set1_epi32(15);
+    for (int j = 0; j < 8; j++) {
+        const int at = j < 4 ? 4 * j : 16 + 4 * (j - 4);
+        const __m512i x = _mm512_and_si512(_mm512_srli_epi32(qh, at), m4);
+        const __m512i bits = _mm512_and_si512(_mm512_mullo_epi32(x, spread), ones);
+        w[j] = _mm512_or_si512(w[j], _mm512_slli_epi32(bits, 4));
+    }
+}
+
 /* q8_0: the 32 quant bytes of block p of rows 0..15, plus 128 (unsigned), into w[0..7] (w[j]: elements 4j..):
  * each zmm holds two rows' 32 bytes, the in-lane transposes give rows 0..7 and 8..15 with both halves, and one
  * 128-bit shuffle each puts the halves' lanes together */
@@ -131,7 +147,8 @@ static inline __attribute__((always_inline)) void ls_q16_block_rows(const __m512
 }
 
 /* the weight rows w + i * rb, i < 16 (i < nv when TAIL), against MR activation rows (split bytes at xq, row
- * stride 2K bytes; scales xd, sums xs, row stride nblk) into out[r * ostride + i]. QT: 0 q8_0, 1 q4_0, 2 q4_1 */
+ * stride 2K bytes; scales xd, sums xs, row stride nblk) into out[r * ostride + i]. QT: 0 q8_0, 1 q4_0, 2 q4_1,
+ * 3 q5_0 */
 static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8_t *restrict w, int64_t rb,
         int nv, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int TAIL,
@@ -153,12 +170,13 @@ static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8
             }
         __m512i wv[8];
         if (QT == 0) ls_w16x16_q8_0(p, rb, TAIL, live, wv);
-        else ls_w16x16_q4(p, rb, QT == 1 ? 2 : 4, TAIL, live, wv);
+        else ls_w16x16_q4(p, rb, QT == 1 ? 2 : QT == 2 ? 4 : 6, TAIL, live, wv);
+        if (QT == 3) ls_q5_high_gguf(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p + 2, 1), wv);
         const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p, 1);
         const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        /* the offset term's factor per row: -128 d, -8 d or the min m */
+        /* the offset term's factor per row: -128 d, -8 d, -16 d or the min m */
         const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : -8.0f));
+                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : QT == 3 ? -16.0f : -8.0f));
         ls_q16_block_rows(wv, dw, cw, xq, xd, xs, K, nblk, b, acc, MR);
     }
     for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
@@ -192,6 +210,7 @@ LS_QDOT16X16(ls_qdot16x16_q8_0, 0, 34)
 #endif
 LS_QDOT16X16(ls_qdot16x16_q4_0, 1, 18)
 LS_QDOT16X16(ls_qdot16x16_q4_1, 2, 20)
+LS_QDOT16X16(ls_qdot16x16_q5_0, 3, 22)
 
 /* ---- Repacked weights (LS_REPACK16_<format>): each whole group of 16 weight rows stored in the order these
  * kernels consume it, so a block is a few aligned loads instead of 16 strided loads, in-lane transposes and a
@@ -204,7 +223,7 @@ LS_QDOT16X16(ls_qdot16x16_q4_1, 2, 20)
 static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint8_t *restrict g, int64_t nblk,
         const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
-    const int QB = QT == 0 ? 512 : 256;  /* quant bytes of a block of 16 rows */
+    const int QB = QT == 0 ? 512 : QT == 3 ? 320 : 256;  /* quant bytes of a block of 16 rows (q5_0: 64 high) */
     const uint16_t *sd = (const uint16_t *)g;  /* [nblk][16] float16 scales (q4_1: then [nblk][16] mins) */
     const uint8_t *qs = g + nblk * (QT == 2 ? 64 : 32);
     __m512 acc[LS_QMM_ROWS];
@@ -226,15 +245,27 @@ static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint
             for (int j = 0; j < 8; j++) wv[j] = _mm512_loadu_si512((const void *)(p + 64 * j));
         } else {
             const __m512i m15 = _mm512_set1_epi8(15);
+            const uint8_t *nib = QT == 3 ? p + 64 : p;
             for (int j = 0; j < 4; j++) {
-                const __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+                const __m512i v = _mm512_loadu_si512((const void *)(nib + 64 * j));
                 wv[j] = _mm512_and_si512(v, m15);
                 wv[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m15);
+            }
+            if (QT == 3) {  /* the high bits, stored so that one shift puts each vector's at bit 4 of its bytes */
+                const __m512i h = _mm512_loadu_si512((const void *)p), b4 = _mm512_set1_epi8(16);
+                wv[0] = _mm512_ternarylogic_epi32(wv[0], h, b4, 0xF8);  /* a | (b & c) */
+                wv[1] = _mm512_ternarylogic_epi32(wv[1], _mm512_srli_epi32(h, 1), b4, 0xF8);
+                wv[2] = _mm512_ternarylogic_epi32(wv[2], _mm512_srli_epi32(h, 2), b4, 0xF8);
+                wv[3] = _mm512_ternarylogic_epi32(wv[3], _mm512_srli_epi32(h, 3), b4, 0xF8);
+                wv[4] = _mm512_ternarylogic_epi32(wv[4], _mm512_slli_epi32(h, 4), b4, 0xF8);
+                wv[5] = _mm512_ternarylogic_epi32(wv[5], _mm512_slli_epi32(h, 3), b4, 0xF8);
+                wv[6] = _mm512_ternarylogic_epi32(wv[6], _mm512_slli_epi32(h, 2), b4, 0xF8);
+                wv[7] = _mm512_ternarylogic_epi32(wv[7], _mm512_slli_epi32(h, 1), b4, 0xF8);
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));
         const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * (nblk + b))))
-                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : -8.0f));
+                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : QT == 3 ? -16.0f : -8.0f));
         ls_q16_block_rows(wv, dw, cw, xq, xd, xs, K, nblk, b, acc, MR);
     }
     for (int r = 0; r < MR; r++) _mm512_storeu_ps(out + r * ostride, acc[r]);
@@ -267,13 +298,15 @@ LS_QDOT16X16R(ls_qdot16x16r_q8_0, 0, 34)
 #endif
 #define LS_REPACK16_q4_0 1
 #define LS_REPACK16_q4_1 1
+#define LS_REPACK16_q5_0 1
 LS_QDOT16X16R(ls_qdot16x16r_q4_0, 1, 18)
 LS_QDOT16X16R(ls_qdot16x16r_q4_1, 2, 20)
+LS_QDOT16X16R(ls_qdot16x16r_q5_0, 3, 22)
 #endif
 #endif
 
-/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1): the executor repacks the weights
- * of those (ls_repack16) and passes the others' as they are. */
+/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0): the executor repacks the
+ * weights of those (ls_repack16) and passes the others' as they are. */
 const int ls_repack16_formats = 0
 #if defined(LS_REPACK16_q8_0)
     | 1
@@ -284,16 +317,33 @@ const int ls_repack16_formats = 0
 #if defined(LS_REPACK16_q4_1)
     | 4
 #endif
+#if defined(LS_REPACK16_q5_0)
+    | 8
+#endif
     ;
 
+/* q5_0's high bits as the repacked layout stores them (one dword per row and block): bit 8t + 4 + j holds the high
+ * bit of element 4j + t and bit 8t + j that of element 16 + 4j + t (j, t < 4), so that h >> j (j < 4) and
+ * h << (4 - j) put those of the kernel's vectors w[j] and w[4 + j] at bit 4 of their bytes. */
+static uint32_t ls_q5_hbits(uint32_t qh) {
+    uint32_t h = 0;
+    for (int j = 0; j < 4; j++)
+        for (int t = 0; t < 4; t++) {
+            h |= ((qh >> (4 * j + t)) & 1u) << (8 * t + 4 + j);
+            h |= ((qh >> (16 + 4 * j + t)) & 1u) << (8 * t + j);
+        }
+    return h;
+}
+
 /* The repacked layout of a matrix of `rows` rows of rb bytes (nblk = rb / BB blocks; qt: 0 q8_0, 1 q4_0,
- * 2 q4_1) from src into dst (same size). Per whole group of 16 rows, in its own 16 * rb bytes: the 16 rows' float16
- * scales of block 0, of block 1, ... (q4_1: then their mins likewise), then per block the quant bytes as
+ * 2 q4_1, 3 q5_0) from src into dst (same size). Per whole group of 16 rows, in its own 16 * rb bytes: the 16 rows'
+ * float16 scales of block 0, of block 1, ... (q4_1: then their mins likewise), then per block the quant bytes as
  * ls_w16x16_* gives them from the GGUF layout: dword j of lane n holds bytes 4j..4j+3 of row n's quants (q8_0:
- * 8 dwords a row, each byte plus 128; q4: the 4 dwords of packed nibbles). Rows after the last whole group are
- * copied as they are. Portable C: the layout does not depend on the build. */
+ * 8 dwords a row, each byte plus 128; q4: the 4 dwords of packed nibbles; q5_0: first the high bits as
+ * ls_q5_hbits orders them, then the nibbles). Rows after the last whole group are copied as they are. Portable C:
+ * the layout does not depend on the build. */
 void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt) {
-    const int BB = qt == 0 ? 34 : qt == 1 ? 18 : 20, NS = qt == 2 ? 2 : 1, QBR = BB - 2 * NS;
+    const int BB = qt == 0 ? 34 : qt == 1 ? 18 : qt == 2 ? 20 : 22, NS = qt == 2 ? 2 : 1, QBR = BB - 2 * NS;
     const int64_t nblk = rb / BB, whole = rows / 16 * 16;
     for (int64_t g = 0; g < whole; g += 16) {
         const uint8_t *s = src + g * rb;
@@ -306,6 +356,11 @@ void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int
                     for (int t = 0; t < 4; t++)
                         qd[b * 16 * QBR + j * 64 + 4 * n + t] =
                             (uint8_t)(blk[2 * NS + 4 * j + t] ^ (qt == 0 ? 0x80 : 0));
+                if (qt == 3) {  /* the first dword of q5_0's quants is qh: stored reordered */
+                    uint32_t qh; memcpy(&qh, blk + 2, 4);
+                    const uint32_t h = ls_q5_hbits(qh);
+                    memcpy(qd + b * 16 * QBR + 4 * n, &h, 4);
+                }
             }
     }
     memcpy(dst + whole * rb, src + whole * rb, (size_t)((rows - whole) * rb));

@@ -127,15 +127,15 @@ LS_QDOT16X4_GROUP(ls_qdot16x4_q4_1, 20, LS_W4_Q4_1, 1)
 #endif
 
 /* ---- q5_0 with int16 activations, for calls of at most LS_QMM_ROWS activation rows (decode, batched decode;
- * longer calls run qgemm.h's float kernel, which the renderer branches to). A weight is (nibble | high bit << 4)
- * - 16, exact in int16, so the products are exact integers as for the other formats. Here every build has the
- * one-row kernel ls_qdot16_q5_0 (AVX2 wherever AVX2, FMA and F16C are, AVX-512 CPUs included, where no wider
+ * longer calls run qgemm.h's float kernel, which the renderer branches to, but for weights read repacked, see
+ * qdot16x16.h). A weight is (nibble | high bit << 4) - 16, exact in int16, so the products are exact integers as
+ * for the other formats. Builds with the 16-row kernels (AVX-512 VNNI) use those (qdot16x16.h); here every build
+ * has the one-row kernel ls_qdot16_q5_0 (AVX2 wherever AVX2, FMA and F16C are, AVX-512 CPUs included, where no wider
  * kernel of this format exists; else a portable form with the same arithmetic order per lane group) and, on
  * AVX2, the four-row kernel ls_qdot16x4_q5_0 with the same bits (LS_NO_QDOT16X4 switches that off). */
 #if defined(LS_QUANT_ROWS_MAX) && LS_QUANT_ROWS_MAX < LS_QMM_ROWS
 #error q5_0 quantizes calls of up to LS_QMM_ROWS rows: LS_QUANT_ROWS_MAX must not be lower
 #endif
-#define LS_SPLIT16_q5_0 0
 #if defined(LS_HAVE_QDOT16_AVX2)
 /* the 32 weights of a q5_0 block at p as two vectors of 16 int16: the nibbles, plus -16 where the high bit
  * (bit i of qh for element i) is clear; with AVX-512 BW/VL the bits are the masks of two masked subtractions

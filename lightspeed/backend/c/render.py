@@ -529,6 +529,9 @@ class KernelRenderer:
         quant_lines, quantize = [], ""
         short_only = q.qtype in FEW_ROWS_INT16_QTYPES  # int16 in short calls only, by per-row kernels
         mode16 = q.activations == "int16"
+        # ... but where this build reads the weights repacked (q5_0, repack.py), at every row count: the GGUF
+        # layout's float kernel has no weights to read then
+        every_count = f"defined(LS_REPACK16_{tname})" if short_only and q.weights_layout == "r16" else None
 
         def row_groups_from(start) -> list[str]:  # the loop over groups of QMM_ROWS activation rows
             return [f"        for (int64_t m0 = {start}; m0 < M; m0 += {QMM_ROWS}) {{",
@@ -538,8 +541,8 @@ class KernelRenderer:
             mode = q.activations
             # q5_0, q4_k, q6_k: int16 for calls of at most QMM_ROWS rows, longer ones float (below); the scratch
             # holds those
-            d_off, s_off, _ = activation_scratch_layout(quantized_rows_bound(q.qtype, sym.upper_bound(q.rows)), K,
-                                                        mode)
+            d_off, s_off, _ = activation_scratch_layout(
+                quantized_rows_bound(q.qtype, sym.upper_bound(q.rows), q.weights_layout), K, mode)
             sc = self.buf(k.scratch[0])
             # int8 has SIMD kernels only (elsewhere the float path below runs); int16 has a portable form too
             guard = ["#if defined(LS_HAVE_QDOT8) && !defined(LS_PORTABLE)"] if mode == "int8" else []
@@ -590,15 +593,18 @@ class KernelRenderer:
                 quantize += (f"\n#if defined(LS_HAVE_QAMX)\n      ls_qamx_prepare((const float *){lp}->p[{x_i}], M, "
                              f"{K}, (int16_t *){lp}->p[{s_i}]);\n#endif")
             if short_only:
-                quantize = f"      if (M <= {QMM_ROWS})\n{quantize}"
+                quantize = f"      if (M <= {QMM_ROWS})\n{quantize}" if every_count is None else \
+                    f"#if !{every_count}\n      if (M <= {QMM_ROWS})\n#endif\n{quantize}"
             quantize = "\n".join([""] + guard + [quantize] + (["#endif", ""] if guard else [""]))
         lines, call = self._weight_rows_kernel(k, row_bytes, f"const uint8_t *restrict wraw = (const uint8_t *)"
                                                f"{self.buf(raw_buf)};", x_buf, quantize,
-                                               group=16 if k.scratch and mode16 and not short_only else 1)
+                                               group=16 if k.scratch and mode16 and (not short_only or every_count)
+                                               else 1)
         if k.scratch and short_only:  # a long call: float activations, qgemm.h's kernel
+            lines += [f"#if !{every_count}"] if every_count else []
             lines += [f"        if (M > {QMM_ROWS}) {{"]
             lines += ["    " + ln for ln in self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, False)]
-            lines += ["            continue;", "        }"] + quant_lines
+            lines += ["            continue;", "        }"] + (["#endif"] if every_count else []) + quant_lines
         elif k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
             # ... except "auto" on AVX2: a call of many rows takes qgemm.h's float kernel
             lines += ["#if defined(LS_AUTO_QGEMM)",

@@ -8,10 +8,12 @@ a block is a few aligned loads, ~3x less work, and decode is bound by memory aga
 
 The choice has three parts that must agree:
 
-- ``add_repacks`` (a plan pass): every int16 Q8_0 / Q4_0 / Q4_1 matmul whose weights are a constant that nothing
-  else reads and that is not already in huge-page memory reads them through a new pointer slot (a ``Repack``)
-  and renders the repacked kernel call (``weights_layout="r16"``); the plan cache's key says which constants lie
-  in huge-page memory;
+- ``add_repacks`` (a plan pass): every int16 Q8_0 / Q4_0 / Q4_1 / Q5_0 matmul whose weights are a constant that
+  nothing else reads and that is not already in huge-page memory reads them through a new pointer slot (a
+  ``Repack``) and renders the repacked kernel call (``weights_layout="r16"``); the plan cache's key says which
+  constants lie in huge-page memory. Q5_0 otherwise quantizes short calls only (longer ones run the float kernel
+  over the GGUF layout); read repacked it takes the 16-row kernel at every row count, so its scratch grows to the
+  call's rows;
 - the rendered source says which formats this build reads repacked (``ls_repack16_formats``: the build has the
   16-row kernel of the format and nothing that reads the weights in the GGUF layout: no float rows, no AMX tiles);
 - the executor (``bind_repacks``) fills each slot with a repacked copy where the build reads it repacked, else
@@ -31,13 +33,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ... import memory
+from ... import symbolic as sym
 from ...kernel import ir
-from ...kernel.fusion import KernelPlan
+from ...kernel.fusion import KernelPlan, plan_memory
+from ...kernel.quantized import activation_scratch_layout, quantized_rows_bound
 from ...quant import QType, block_format
 
 GROUP = 16  # weight rows per group of the repacked layout (qdot16x16.h)
 # the formats with a repacked layout, by the code qdot16x16.h's ls_repack16 takes (bit k of ls_repack16_formats)
-REPACK_CODES = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q4_1: 2}
+REPACK_CODES = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q4_1: 2, QType.Q5_0: 3}
 COPY_CHUNK = 16 << 20  # bytes repacked before the file pages under them are handed back
 
 
@@ -54,7 +58,8 @@ class Repack:
 
 
 def _eligible(k: ir.Kernel, in_place: set[int]) -> bool:
-    """Whether kernel ``k`` is an int16 Q8_0/Q4_0/Q4_1 matmul over a whole constant of at least GROUP rows."""
+    """Whether kernel ``k`` is an int16 matmul of a REPACK_CODES format over a whole constant of at least GROUP
+    rows."""
     q = k.template
     if k.kind != "qmatmul" or q.activations != "int16" or q.qtype not in REPACK_CODES or not k.scratch:
         return False
@@ -67,7 +72,7 @@ def _eligible(k: ir.Kernel, in_place: set[int]) -> bool:
 
 
 def add_repacks(plan: KernelPlan) -> KernelPlan:
-    """``plan`` with every int16 Q8_0/Q4_0/Q4_1 matmul over a constant of at least GROUP rows, which no other
+    """``plan`` with every int16 Q8_0/Q4_0/Q4_1/Q5_0 matmul over a constant of at least GROUP rows, which no other
     kernel reads, reading it through a repack slot (one per constant, shared by its matmuls). A constant other
     kernels read too (a tied embedding's row gather) stays in the GGUF layout for all: the original would have to
     stay resident beside the copy, and a gather from a file mapping maps the pages around each row it reads."""
@@ -81,6 +86,7 @@ def add_repacks(plan: KernelPlan) -> KernelPlan:
             if b.kind == "const":
                 readers.setdefault(b.slot, []).append(k)
     by_source: dict[int, ir.Buffer] = {}
+    grown = False
     for k in plan.kernels:
         if not _eligible(k, in_place):
             continue
@@ -93,9 +99,17 @@ def add_repacks(plan: KernelPlan) -> KernelPlan:
             by_source[raw.slot] = twin
             plan.repacks.append(Repack(next_slot, raw.slot, REPACK_CODES[k.template.qtype], *raw.shape))
             next_slot += 1
-        k.template = replace(k.template, weights_layout="r16")
+        q = k.template = replace(k.template, weights_layout="r16")
         k.template_reads = [x_buf, twin]
         k.reads = [twin if b is raw else b for b in k.reads]
+        # where every row count now quantizes its activations (quantized_rows_bound), the scratch holds them all
+        rows = quantized_rows_bound(q.qtype, sym.upper_bound(q.rows), q.weights_layout)
+        need = activation_scratch_layout(rows, q.in_features, q.activations)[-1]
+        if need > k.scratch[0].nbytes:
+            k.scratch[0].nbytes = need
+            grown = True
+    if grown:  # the arena's places of its buffers, again
+        plan.arena_bytes = plan_memory(plan)
     return plan
 
 
