@@ -24,7 +24,8 @@ ACTIVATION_MODES = ("float", "int16", "int8")
 # weight types whose matmul can run with quantized activations (the others keep float activations)
 QUANT_ACT_QTYPES = {QType.Q8_0, QType.Q4_0, QType.Q4_1}
 # ... and those that take int16 activations in calls of at most FEW_ROWS_QUANTIZED rows only (decode, batched
-# decode), longer calls keeping float activations: they have per-row int16 kernels but no wide ones
+# decode), longer calls keeping float activations: they have per-row int16 kernels but no wide ones (Q5_0 has the
+# 16-row kernels of qdot16x16.h too, and read repacked takes every row count: quantized_rows_bound)
 FEW_ROWS_INT16_QTYPES = {QType.Q5_0, QType.Q4_K, QType.Q6_K}
 FEW_ROWS_QUANTIZED = 8  # LS_QMM_ROWS in the C backend's qdecode.h
 
