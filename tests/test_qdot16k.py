@@ -1,7 +1,8 @@
 """q4_k and q6_k with int16 activations (qdot16k.h): calls of at most 8 rows quantize their activations and
 take integer dot products, longer calls keep float activations' bits; the AVX2 kernels (built on AVX-512 CPUs
 too, and with AVX-512 switched off as on an AVX2-only machine) and the portable form give the same bits; a row
-rounds the same alone and batched; the largest weights and activations do not overflow the integer sums."""
+rounds the same alone and batched; the largest weights and activations do not overflow the integer sums. With
+AVX-512 VNNI q4_k takes qdot16x16.h's 16-row kernels instead (test_repack.py): PER_ROW builds keep these."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +17,7 @@ from test_quantized_matmul import build
 KQUANTS = [QType.Q4_K, QType.Q6_K]
 needs_avx2 = pytest.mark.skipif(not has_flags("avx2", "fma", "f16c"), reason="needs a CPU with AVX2, FMA and F16C")
 AVX2_ONLY = default_flags() + (["-mno-avx512f"] if has_flags("avx512f") else [])
+PER_ROW = default_flags() + ["-DLS_NO_QDOT16X16"]  # the per-row kernels where the 16-row ones would take q4_k
 
 
 def rel_err(got: np.ndarray, want: np.ndarray) -> float:
@@ -29,10 +31,11 @@ def test_few_rows_quantize_and_long_calls_stay_float(qtype: QType, portable: boo
     k, n = 4 * 256, 21
     g, y = build(qtype, k, n, random_raw(qtype, n, k, rng), with_bias=False)
     ref = g.compile([y], backend="reference")
-    i16 = g.compile([y], backend="c", activations="int16", portable=portable, plan_cache=False)
-    flt = g.compile([y], backend="c", activations="float", portable=portable, plan_cache=False)
+    flags = None if portable else PER_ROW
+    i16 = g.compile([y], backend="c", activations="int16", portable=portable, flags=flags, plan_cache=False)
+    flt = g.compile([y], backend="c", activations="float", portable=portable, flags=flags, plan_cache=False)
     assert [bool(kk.scratch) for kk in i16.executor.plan.kernels if kk.kind == "qmatmul"] == [True]
-    assert f"ls_qdot16_{qtype.name.lower()}(" in i16.executor.source
+    assert f"ls_qdot16_{qtype.name.lower()}(" in i16.executor.source and not i16.executor.reads_repacked(qtype)
     for m in (1, 2, 3, 8, 9, 13):
         xv = rng.standard_normal((m, k)).astype(np.float32)
         (want,) = ref(x=xv)
@@ -61,7 +64,7 @@ def test_simd_and_portable_give_the_same_bits(qtype: QType, flags: str) -> None:
     k, n = 3 * 256, 19
     g, y = build(qtype, k, n, random_raw(qtype, n, k, rng, extreme=0.05), with_bias=False)
     simd = g.compile([y], backend="c", activations="int16", plan_cache=False,
-                     **({} if flags == "native" else {"flags": AVX2_ONLY}))
+                     flags=PER_ROW if flags == "native" else AVX2_ONLY)
     port = g.compile([y], backend="c", activations="int16", portable=True, plan_cache=False)
     for m in (1, 2, 5, 8):
         xv = rng.standard_normal((m, k)).astype(np.float32)

@@ -43,14 +43,18 @@ def q5_high_bits(qh: np.ndarray) -> np.ndarray:
 def reference_layout(raw: np.ndarray, qtype: QType) -> np.ndarray:
     """The layout ls_repack16 documents, written with numpy: per whole group of 16 rows, the scales (q4_1: then
     the mins) block by block, lane by lane, then per block dword j of every lane (bytes 4j..4j+3 of the row's
-    quants; q8_0's plus 128; q5_0's first dword, its high bits, reordered by q5_high_bits); the rows after the
-    last whole group as they are."""
+    quants; q8_0's plus 128; q5_0's first dword, its high bits, reordered by q5_high_bits; q4_k: per super-block
+    every dword of it so); the rows after the last whole group as they are."""
     fmt = block_format(qtype)
     rows, rb = raw.shape
     nblk, ns = rb // fmt.block_bytes, 2 if qtype is QType.Q4_1 else 1
     out = raw.copy()
     whole = rows // GROUP * GROUP
     blocks = raw[:whole].reshape(rows // GROUP, GROUP, nblk, fmt.block_bytes)
+    if qtype is QType.Q4_K:  # per super-block all of its dwords lane by lane, header and nibbles alike
+        dwords = blocks.reshape(rows // GROUP, GROUP, nblk, fmt.block_bytes // 4, 4).transpose(0, 2, 3, 1, 4)
+        out[:whole] = dwords.reshape(whole, rb)
+        return out
     for g in range(rows // GROUP):
         b = blocks[g]  # [lane, block, bytes]
         scales = [b[:, :, 2 * k:2 * k + 2].transpose(1, 0, 2).reshape(-1) for k in range(ns)]
@@ -75,7 +79,7 @@ def test_the_layout_is_the_documented_one(qtype: QType) -> None:
     """ls_repack16 is portable C in every build: its output is the numpy layout, whole groups and tail alike."""
     from lightspeed.backend.c import _repack16
     rng = np.random.default_rng(7 + int(qtype))
-    k = 3 * 32
+    k = 3 * block_format(qtype).block_elems
     raw = random_raw(qtype, 16, k, rng)
     g, y = build(qtype, k, 16, raw, with_bias=False)
     prog = g.compile([y], backend="c", activations="int16", plan_cache=False)
@@ -120,7 +124,7 @@ def test_int16_matmuls_over_a_constant_read_one_repack_slot_per_constant() -> No
 @pytest.mark.parametrize("n", [16, 40, 96])
 def test_repacked_weights_give_the_bits_of_the_gguf_layout(qtype: QType, n: int) -> None:
     rng = np.random.default_rng(20 + int(qtype) + n)
-    k = 18 * 32
+    k = 18 * 32 if block_format(qtype).block_elems == 32 else 3 * block_format(qtype).block_elems
     raw = random_raw(qtype, n, k, rng)
     g, y = build(qtype, k, n, raw, with_bias=False)
     repacked = g.compile([y], backend="c", activations="int16", plan_cache=False)
@@ -132,24 +136,26 @@ def test_repacked_weights_give_the_bits_of_the_gguf_layout(qtype: QType, n: int)
     assert memory.in_region(twin) and np.array_equal(executor(plain)._repacked[0], raw)
     for m in (1, 3, 8, 20):
         xv = rng.standard_normal((m, k)).astype(np.float32)
-        if qtype is QType.Q5_0 and m > 8:  # read in the GGUF layout, a long call's activations stay float
+        if qtype in (QType.Q5_0, QType.Q4_K) and m > 8:  # read in the GGUF layout, a long call's stay float
             continue
         np.testing.assert_array_equal(repacked(x=xv)[0], plain(x=xv)[0])
 
 
 @needs_vnni
-def test_q5_0_read_repacked_takes_int16_at_every_row_count() -> None:
-    """Q5_0 quantizes short calls only, its long ones running the float kernel over the GGUF layout; read repacked
-    there is no such kernel, so every row count takes the 16-row kernel: within int16 rounding of the exact
-    product at every count, the scratch sized for the longest call, and the bits of one row the same in a call of
-    one and of twenty rows (the 16-row kernel's lanes do not depend on the call)."""
-    rng = np.random.default_rng(44)
-    k, n = 18 * 32, 40  # two whole groups and a tail of 8 rows (the GGUF layout's masked kernel)
-    raw = random_raw(QType.Q5_0, n, k, rng)
-    g, y = build(QType.Q5_0, k, n, raw, with_bias=False)
+@pytest.mark.parametrize("qtype", [QType.Q5_0, QType.Q4_K], ids=lambda q: q.name)
+def test_short_call_formats_read_repacked_take_int16_at_every_row_count(qtype: QType) -> None:
+    """Q5_0 and Q4_K quantize short calls only, their long ones running the float kernel over the GGUF layout; read
+    repacked there is no such kernel, so every row count takes the 16-row kernel: within int16 rounding of the
+    exact product at every count, the scratch sized for the longest call, and the bits of one row the same in a
+    call of one and of twenty rows (the 16-row kernel's lanes do not depend on the call)."""
+    rng = np.random.default_rng(44 + int(qtype))
+    # two whole groups and a tail of 8 rows (the GGUF layout's masked kernel)
+    k, n = (18 * 32 if qtype is QType.Q5_0 else 3 * 256), 40
+    raw = random_raw(qtype, n, k, rng)
+    g, y = build(qtype, k, n, raw, with_bias=False)
     prog = g.compile([y], backend="c", activations="int16", plan_cache=False)
     ref = g.compile([y], backend="reference")
-    assert executor(prog).reads_repacked(QType.Q5_0)
+    assert executor(prog).reads_repacked(qtype)
     (kern,) = [kk for kk in executor(prog).plan.kernels if kk.kind == "qmatmul"]
     assert kern.template.weights_layout == "r16" and kern.scratch[0].nbytes >= 64 * k * 2
     xv = rng.standard_normal((20, k)).astype(np.float32)

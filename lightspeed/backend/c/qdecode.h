@@ -439,6 +439,7 @@ LS_QDOT_I8(ls_qdot8_q4_1, 20, 0, LS_W8_Q4_1, 1)
 #define LS_HAVE_QDOT16X16_q4_0 1
 #define LS_HAVE_QDOT16X16_q4_1 1
 #define LS_HAVE_QDOT16X16_q5_0 1
+#define LS_HAVE_QDOT16X16_q4_k 1
 #if !defined(LS_NO_QDOT16X16_Q8_0)
 #define LS_HAVE_QDOT16X16_q8_0 1
 #endif

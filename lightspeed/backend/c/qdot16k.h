@@ -14,7 +14,11 @@
  * A row's arithmetic is the same whatever the row count (batched rows round as a single sequence's do). The
  * kernels are AVX2 (on AVX-512 CPUs too); elsewhere a portable form with the same arithmetic per lane gives
  * the same bits (tests/test_qdot16k.py). ls_qg_q4_k_sm and ls_qg_prep_q4_k are qgemm.h's. */
+#if defined(LS_HAVE_QDOT16X16_q4_k)
+#define LS_SPLIT16_q4_k 1  /* q4_k's int16 calls take qdot16x16.h's 16-row kernel, which reads split bytes */
+#else
 #define LS_SPLIT16_q4_k 0
+#endif
 #define LS_SPLIT16_q6_k 0
 
 #if defined(LS_HAVE_QDOT16_AVX2)

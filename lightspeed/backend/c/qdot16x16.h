@@ -1,11 +1,12 @@
-/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1, q5_0 weights): 16 weight rows at once, one in each
+/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1, q5_0, q4_k weights): 16 weight rows at once, one in each
  * 32-bit lane of a zmm, the activations broadcast. ls_quantize_rows16 (qdecode.h) stores each int16 value q of
  * these builds as two signed bytes a, b with q = 256 * a + b: per activation row and block the 16 rows' exact
  * integer dot products are sum(w * a) * 256 + sum(w * b), sixteen vpdpbusd for 16 weight rows (the int16 kernels
  * of qdecode.h spend a madd, a conversion and an FMA per weight row and block), then one conversion and one FMA
  * with the 16 rows' weight scales times the activation scale, and one FMA for the offset term (q8_0: weights
  * offset by 128 to make them unsigned, -128 * d * s; q4_0: -8 * d * s; q4_1: the min, m * s; q5_0: the nibble
- * with its high bit as bit 4 of the byte, -16 * d * s).
+ * with its high bit as bit 4 of the byte, -16 * d * s; q4_k: each block of 32 of a super-block of 256 with its
+ * own scale d * sc and offset -dmin * m, decoded for the 16 rows once per super-block).
  *
  * The weights are read in their GGUF layout: per block, the 16 rows' quant bytes are loaded and transposed at
  * dword granularity, so that vector R[j] holds in lane n bytes 4j..4j+3 of row n (q4: the low nibbles are
@@ -89,25 +90,32 @@ static inline __attribute__((always_inline)) void ls_q5_high_gguf(__m512i qh, __
     }
 }
 
-/* q8_0: the 32 quant bytes of block p of rows 0..15, plus 128 (unsigned), into w[0..7] (w[j]: elements 4j..):
+/* the 32 bytes at q of rows 0..15 (stride rb) into w[0..7], w[j] holding bytes 4j..4j+3 of row n in dword lane n:
  * each zmm holds two rows' 32 bytes, the in-lane transposes give rows 0..7 and 8..15 with both halves, and one
  * 128-bit shuffle each puts the halves' lanes together */
-static inline __attribute__((always_inline)) void ls_w16x16_q8_0(const uint8_t *p, int64_t rb, int TAIL,
-                                                                  unsigned live, __m512i *w) {
+static inline __attribute__((always_inline)) void ls_w16x16_bytes32(const uint8_t *q0, int64_t rb, int TAIL,
+                                                                     unsigned live, __m512i *w) {
     __m512i y[8], t[4], u[4];
     for (int k = 0; k < 4; k++) {
-        const uint8_t *q = p + 2 + k * rb;
+        const uint8_t *q = q0 + k * rb;
         y[k] = _mm512_inserti64x4(_mm512_castsi256_si512(LS_L256(q, k)), LS_L256(q + 4 * rb, k + 4), 1);
         y[4 + k] = _mm512_inserti64x4(_mm512_castsi256_si512(LS_L256(q + 8 * rb, k + 8)),
                                       LS_L256(q + 12 * rb, k + 12), 1);
     }
     ls_t4x4(y, t);
     ls_t4x4(y + 4, u);
-    const __m512i x80 = _mm512_set1_epi8((char)0x80);
     for (int j = 0; j < 4; j++) {
-        w[j] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[j], u[j], _MM_SHUFFLE(2, 0, 2, 0)), x80);
-        w[4 + j] = _mm512_xor_si512(_mm512_shuffle_i32x4(t[j], u[j], _MM_SHUFFLE(3, 1, 3, 1)), x80);
+        w[j] = _mm512_shuffle_i32x4(t[j], u[j], _MM_SHUFFLE(2, 0, 2, 0));
+        w[4 + j] = _mm512_shuffle_i32x4(t[j], u[j], _MM_SHUFFLE(3, 1, 3, 1));
     }
+}
+
+/* q8_0: the 32 quant bytes of block p of rows 0..15, plus 128 (unsigned), into w[0..7] (w[j]: elements 4j..) */
+static inline __attribute__((always_inline)) void ls_w16x16_q8_0(const uint8_t *p, int64_t rb, int TAIL,
+                                                                  unsigned live, __m512i *w) {
+    ls_w16x16_bytes32(p + 2, rb, TAIL, live, w);
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < 8; j++) w[j] = _mm512_xor_si512(w[j], x80);
 }
 
 /* block b of 16 weight rows (wv: their bytes as ls_w16x16_* gives them, dw: the weight scales, cw: the offset
@@ -181,6 +189,74 @@ static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8
     }
     for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
 }
+/* q4_k: the 16 rows' super-block headers (h[k], lane n: dword k of row n's block: d | dmin << 16, then the 12
+ * bytes of 6-bit scales and mins as qgemm.h's ls_qg_q4_k_sm reads them) as each block of 32's d * sc and
+ * dmin * m, the products ls_qg_prep_q4_k makes */
+static inline __attribute__((always_inline)) void ls_q4k16_scales(const __m512i *h, __m512 *ds, __m512 *dm) {
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
+    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+    const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m48 = _mm512_set1_epi32(48);
+    for (int i = 0; i < 4; i++) {
+        const __m512i a = _mm512_srli_epi32(h[1], 8 * i), b = _mm512_srli_epi32(h[2], 8 * i);
+        const __m512i c = _mm512_srli_epi32(h[3], 8 * i);
+        const __m512i s_lo = _mm512_and_si512(a, m63), m_lo = _mm512_and_si512(b, m63);
+        const __m512i s_hi = _mm512_or_si512(_mm512_and_si512(c, m15), _mm512_and_si512(_mm512_srli_epi32(a, 2), m48));
+        const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), m15),
+                                             _mm512_and_si512(_mm512_srli_epi32(b, 2), m48));
+        ds[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s_lo));
+        dm[i] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_lo));
+        ds[4 + i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s_hi));
+        dm[4 + i] = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_hi));
+    }
+}
+
+/* q4_k (super-blocks of 144 bytes: the header, then per pair of blocks 2c, 2c + 1 the 32 bytes of their low and
+ * high nibbles), the weight rows w + i * rb, i < 16 (i < nv when TAIL), against MR activation rows: in the GGUF
+ * layout (REP 0: the headers gathered, the nibble bytes loaded and transposed) or repacked (REP 1: ls_repack16's
+ * layout, every dword already in its lane). Each block of 32 is one ls_q16_block_rows with its own scale. */
+static inline __attribute__((always_inline)) void ls_q4k16_group(const uint8_t *restrict w, int64_t rb, int nv,
+        const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K, int64_t nblk,
+        float *restrict out, int64_t ostride, const int REP, const int TAIL, const int MR) {
+    const unsigned live = TAIL ? (1u << nv) - 1u : 0xffffu;
+    const __mmask16 km = (__mmask16)live;
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)rb));
+    const __m512i m15 = _mm512_set1_epi8(15);
+    __m512 acc[LS_QMM_ROWS];
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    const uint8_t *pf = w + LS_Q16X16_PF * 16 * rb;  /* as the other formats: the next groups' stretch */
+    for (int64_t sb = 0; sb < nblk / 8; sb++, pf += 16 * 144) {
+        const uint8_t *p = REP ? w + sb * 16 * 144 : w + sb * 144;
+        if (LS_Q16X16_PF > 0)
+            for (int o = 0; o < 16 * 144; o += 64) {
+                LS_PF(pf + o, 0, 3);
+                LS_PF(pf + 16 * rb + o, 0, 2);
+            }
+        __m512i h[4];
+        for (int k = 0; k < 4; k++)
+            h[k] = REP ? _mm512_loadu_si512((const void *)(p + 64 * k))
+                       : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p + 4 * k, 1);
+        __m512 ds[8], dm[8];
+        ls_q4k16_scales(h, ds, dm);
+        for (int c = 0; c < 4; c++) {
+            __m512i v[8], lo[8], hi[8];
+            if (REP)
+                for (int j = 0; j < 8; j++) v[j] = _mm512_loadu_si512((const void *)(p + 256 + 512 * c + 64 * j));
+            else
+                ls_w16x16_bytes32(p + 16 + 32 * c, rb, TAIL, live, v);
+            for (int j = 0; j < 8; j++) {
+                lo[j] = _mm512_and_si512(v[j], m15);
+                hi[j] = _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m15);
+            }
+            const __m512 neg = _mm512_set1_ps(-1.0f);
+            ls_q16_block_rows(lo, ds[2 * c], _mm512_mul_ps(dm[2 * c], neg), xq, xd, xs, K, nblk, 8 * sb + 2 * c, acc,
+                              MR);
+            ls_q16_block_rows(hi, ds[2 * c + 1], _mm512_mul_ps(dm[2 * c + 1], neg), xq, xd, xs, K, nblk,
+                              8 * sb + 2 * c + 1, acc, MR);
+        }
+    }
+    for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
+}
 #undef LS_L128
 #undef LS_L256
 
@@ -188,10 +264,14 @@ static inline __attribute__((always_inline)) void ls_qdot16x16_rows(const uint8_
         int64_t n, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        ls_qdot16x16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 0, MR);
-    if (i < n)
-        ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
+    for (; i + 16 <= n; i += 16) {
+        if (QT == 4) ls_q4k16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, 0, 0, MR);
+        else ls_qdot16x16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 0, MR);
+    }
+    if (i < n) {
+        if (QT == 4) ls_q4k16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, 0, 1, MR);
+        else ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
+    }
 }
 
 /* all n weight rows at w (stride rb) against mr activation rows; returns how many it did: n, or none when the
@@ -211,6 +291,7 @@ LS_QDOT16X16(ls_qdot16x16_q8_0, 0, 34)
 LS_QDOT16X16(ls_qdot16x16_q4_0, 1, 18)
 LS_QDOT16X16(ls_qdot16x16_q4_1, 2, 20)
 LS_QDOT16X16(ls_qdot16x16_q5_0, 3, 22)
+LS_QDOT16X16(ls_qdot16x16_q4_k, 4, 144)
 
 /* ---- Repacked weights (LS_REPACK16_<format>): each whole group of 16 weight rows stored in the order these
  * kernels consume it, so a block is a few aligned loads instead of 16 strided loads, in-lane transposes and a
@@ -275,10 +356,14 @@ static inline __attribute__((always_inline)) void ls_qdot16x16r_rows(const uint8
         int64_t n, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        ls_qdot16x16r_group(w + i * rb, nblk, xq, xd, xs, K, out + i, ostride, QT, BB, MR);
-    if (i < n)  /* the rows after the last whole group of the matrix: the GGUF layout */
-        ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
+    for (; i + 16 <= n; i += 16) {
+        if (QT == 4) ls_q4k16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, 1, 0, MR);
+        else ls_qdot16x16r_group(w + i * rb, nblk, xq, xd, xs, K, out + i, ostride, QT, BB, MR);
+    }
+    if (i < n) {  /* the rows after the last whole group of the matrix: the GGUF layout */
+        if (QT == 4) ls_q4k16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, 0, 1, MR);
+        else ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
+    }
 }
 
 #define LS_QDOT16X16R(NAME, QT, BB) \
@@ -299,14 +384,16 @@ LS_QDOT16X16R(ls_qdot16x16r_q8_0, 0, 34)
 #define LS_REPACK16_q4_0 1
 #define LS_REPACK16_q4_1 1
 #define LS_REPACK16_q5_0 1
+#define LS_REPACK16_q4_k 1
 LS_QDOT16X16R(ls_qdot16x16r_q4_0, 1, 18)
 LS_QDOT16X16R(ls_qdot16x16r_q4_1, 2, 20)
 LS_QDOT16X16R(ls_qdot16x16r_q5_0, 3, 22)
+LS_QDOT16X16R(ls_qdot16x16r_q4_k, 4, 144)
 #endif
 #endif
 
-/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0): the executor repacks the
- * weights of those (ls_repack16) and passes the others' as they are. */
+/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q4_k): the executor repacks
+ * the weights of those (ls_repack16) and passes the others' as they are. */
 const int ls_repack16_formats = 0
 #if defined(LS_REPACK16_q8_0)
     | 1
@@ -319,6 +406,9 @@ const int ls_repack16_formats = 0
 #endif
 #if defined(LS_REPACK16_q5_0)
     | 8
+#endif
+#if defined(LS_REPACK16_q4_k)
+    | 16
 #endif
     ;
 
@@ -336,13 +426,26 @@ static uint32_t ls_q5_hbits(uint32_t qh) {
 }
 
 /* The repacked layout of a matrix of `rows` rows of rb bytes (nblk = rb / BB blocks; qt: 0 q8_0, 1 q4_0,
- * 2 q4_1, 3 q5_0) from src into dst (same size). Per whole group of 16 rows, in its own 16 * rb bytes: the 16 rows'
- * float16 scales of block 0, of block 1, ... (q4_1: then their mins likewise), then per block the quant bytes as
- * ls_w16x16_* gives them from the GGUF layout: dword j of lane n holds bytes 4j..4j+3 of row n's quants (q8_0:
- * 8 dwords a row, each byte plus 128; q4: the 4 dwords of packed nibbles; q5_0: first the high bits as
- * ls_q5_hbits orders them, then the nibbles). Rows after the last whole group are copied as they are. Portable C:
- * the layout does not depend on the build. */
+ * 2 q4_1, 3 q5_0, 4 q4_k) from src into dst (same size). Per whole group of 16 rows, in its own 16 * rb bytes: the
+ * 16 rows' float16 scales of block 0, of block 1, ... (q4_1: then their mins likewise), then per block the quant
+ * bytes as ls_w16x16_* gives them from the GGUF layout: dword j of lane n holds bytes 4j..4j+3 of row n's quants
+ * (q8_0: 8 dwords a row, each byte plus 128; q4: the 4 dwords of packed nibbles; q5_0: first the high bits as
+ * ls_q5_hbits orders them, then the nibbles). q4_k: per super-block, all of its 36 dwords so (dword k of lane n
+ * at 64k + 4n: the header's 4, then the nibbles'). Rows after the last whole group are copied as they are.
+ * Portable C: the layout does not depend on the build. */
 void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt) {
+    if (qt == 4) {
+        const int64_t nsb = rb / 144, whole = rows / 16 * 16;
+        for (int64_t g = 0; g < whole; g += 16)
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                uint8_t *d = dst + g * rb + sb * 16 * 144;
+                for (int n = 0; n < 16; n++)
+                    for (int k = 0; k < 36; k++)
+                        memcpy(d + 64 * k + 4 * n, src + (g + n) * rb + sb * 144 + 4 * k, 4);
+            }
+        memcpy(dst + whole * rb, src + whole * rb, (size_t)((rows - whole) * rb));
+        return;
+    }
     const int BB = qt == 0 ? 34 : qt == 1 ? 18 : qt == 2 ? 20 : 22, NS = qt == 2 ? 2 : 1, QBR = BB - 2 * NS;
     const int64_t nblk = rb / BB, whole = rows / 16 * 16;
     for (int64_t g = 0; g < whole; g += 16) {

@@ -41,7 +41,7 @@ from ...quant import QType, block_format
 
 GROUP = 16  # weight rows per group of the repacked layout (qdot16x16.h)
 # the formats with a repacked layout, by the code qdot16x16.h's ls_repack16 takes (bit k of ls_repack16_formats)
-REPACK_CODES = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q4_1: 2, QType.Q5_0: 3}
+REPACK_CODES = {QType.Q8_0: 0, QType.Q4_0: 1, QType.Q4_1: 2, QType.Q5_0: 3, QType.Q4_K: 4}
 COPY_CHUNK = 16 << 20  # bytes repacked before the file pages under them are handed back
 
 
