@@ -1,5 +1,5 @@
-/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1, q5_0, q4_k weights): 16 weight rows at once, one in each
- * 32-bit lane of a zmm, the activations broadcast. ls_quantize_rows16 (qdecode.h) stores each int16 value q of
+/* AVX-512 VNNI kernels for int16 activations (q8_0, q4_0, q4_1, q5_0, q4_k weights): 16 weight rows at once, one
+ * in each 32-bit lane of a zmm, the activations broadcast. ls_quantize_rows16 (qdecode.h) stores each int16 value q of
  * these builds as two signed bytes a, b with q = 256 * a + b: per activation row and block the 16 rows' exact
  * integer dot products are sum(w * a) * 256 + sum(w * b), sixteen vpdpbusd for 16 weight rows (the int16 kernels
  * of qdecode.h spend a madd, a conversion and an FMA per weight row and block), then one conversion and one FMA
@@ -154,53 +154,21 @@ static inline __attribute__((always_inline)) void ls_q16_block_rows(const __m512
     }
 }
 
-/* the weight rows w + i * rb, i < 16 (i < nv when TAIL), against MR activation rows (split bytes at xq, row
- * stride 2K bytes; scales xd, sums xs, row stride nblk) into out[r * ostride + i]. QT: 0 q8_0, 1 q4_0, 2 q4_1,
- * 3 q5_0 */
-static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8_t *restrict w, int64_t rb,
-        int nv, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
-        int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int TAIL,
-        const int MR) {
-    const unsigned live = TAIL ? (1u << nv) - 1u : 0xffffu;
-    const __mmask16 km = (__mmask16)live;
-    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)rb));
-    __m512 acc[LS_QMM_ROWS];
-    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
-    /* the prefetch sweeps through the stretches of the groups LS_Q16X16_PF and LS_Q16X16_PF + 1 ahead */
-    const uint8_t *pf = w + LS_Q16X16_PF * 16 * rb;
-    for (int64_t b = 0; b < nblk; b++, pf += 16 * BB) {
-        const uint8_t *p = w + b * BB;
-        if (LS_Q16X16_PF > 0)
-            for (int o = 0; o < 16 * BB; o += 64) {
-                LS_PF(pf + o, 0, 3);
-                LS_PF(pf + 16 * rb + o, 0, 2);
-            }
-        __m512i wv[8];
-        if (QT == 0) ls_w16x16_q8_0(p, rb, TAIL, live, wv);
-        else ls_w16x16_q4(p, rb, QT == 1 ? 2 : QT == 2 ? 4 : 6, TAIL, live, wv);
-        if (QT == 3) ls_q5_high_gguf(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p + 2, 1), wv);
-        const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p, 1);
-        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        /* the offset term's factor per row: -128 d, -8 d, -16 d or the min m */
-        const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
-                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : QT == 3 ? -16.0f : -8.0f));
-        ls_q16_block_rows(wv, dw, cw, xq, xd, xs, K, nblk, b, acc, MR);
-    }
-    for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
-}
 /* q4_k: the 16 rows' super-block headers (h[k], lane n: dword k of row n's block: d | dmin << 16, then the 12
- * bytes of 6-bit scales and mins as qgemm.h's ls_qg_q4_k_sm reads them) as each block of 32's d * sc and
- * dmin * m, the products ls_qg_prep_q4_k makes */
+ * bytes of 6-bit scales and mins as qgemm.h's ls_qg_q4_k_sm reads them) as each block of 32's scale d * sc and
+ * offset factor -(dmin * m), the products ls_qg_prep_q4_k makes (the sign is exact either way) */
 static inline __attribute__((always_inline)) void ls_q4k16_scales(const __m512i *h, __m512 *ds, __m512 *dm) {
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0]));
-    const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)));
+    const __m512 dmin = _mm512_castsi512_ps(_mm512_xor_si512(  /* -dmin: its sign bit flipped */
+        _mm512_castps_si512(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16)))),
+        _mm512_set1_epi32((int)0x80000000u)));
     const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m48 = _mm512_set1_epi32(48);
     for (int i = 0; i < 4; i++) {
         const __m512i a = _mm512_srli_epi32(h[1], 8 * i), b = _mm512_srli_epi32(h[2], 8 * i);
         const __m512i c = _mm512_srli_epi32(h[3], 8 * i);
         const __m512i s_lo = _mm512_and_si512(a, m63), m_lo = _mm512_and_si512(b, m63);
-        const __m512i s_hi = _mm512_or_si512(_mm512_and_si512(c, m15), _mm512_and_si512(_mm512_srli_epi32(a, 2), m48));
+        const __m512i s_hi = _mm512_or_si512(_mm512_and_si512(c, m15),
+                                             _mm512_and_si512(_mm512_srli_epi32(a, 2), m48));
         const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), m15),
                                              _mm512_and_si512(_mm512_srli_epi32(b, 2), m48));
         ds[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(s_lo));
@@ -248,12 +216,48 @@ static inline __attribute__((always_inline)) void ls_q4k16_group(const uint8_t *
                 lo[j] = _mm512_and_si512(v[j], m15);
                 hi[j] = _mm512_and_si512(_mm512_srli_epi16(v[j], 4), m15);
             }
-            const __m512 neg = _mm512_set1_ps(-1.0f);
-            ls_q16_block_rows(lo, ds[2 * c], _mm512_mul_ps(dm[2 * c], neg), xq, xd, xs, K, nblk, 8 * sb + 2 * c, acc,
-                              MR);
-            ls_q16_block_rows(hi, ds[2 * c + 1], _mm512_mul_ps(dm[2 * c + 1], neg), xq, xd, xs, K, nblk,
-                              8 * sb + 2 * c + 1, acc, MR);
+            ls_q16_block_rows(lo, ds[2 * c], dm[2 * c], xq, xd, xs, K, nblk, 8 * sb + 2 * c, acc, MR);
+            ls_q16_block_rows(hi, ds[2 * c + 1], dm[2 * c + 1], xq, xd, xs, K, nblk, 8 * sb + 2 * c + 1, acc, MR);
         }
+    }
+    for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
+}
+/* the weight rows w + i * rb, i < 16 (i < nv when TAIL), against MR activation rows (split bytes at xq, row
+ * stride 2K bytes; scales xd, sums xs, row stride nblk) into out[r * ostride + i]. QT: 0 q8_0, 1 q4_0, 2 q4_1,
+ * 3 q5_0, 4 q4_k (ls_q4k16_group) */
+static inline __attribute__((always_inline)) void ls_qdot16x16_group(const uint8_t *restrict w, int64_t rb,
+        int nv, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
+        int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int TAIL,
+        const int MR) {
+    if (QT == 4) {  /* super-blocks of their own */
+        ls_q4k16_group(w, rb, nv, xq, xd, xs, K, nblk, out, ostride, 0, TAIL, MR);
+        return;
+    }
+    const unsigned live = TAIL ? (1u << nv) - 1u : 0xffffu;
+    const __mmask16 km = (__mmask16)live;
+    const __m512i offs = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)rb));
+    __m512 acc[LS_QMM_ROWS];
+    for (int r = 0; r < MR; r++) acc[r] = _mm512_setzero_ps();
+    /* the prefetch sweeps through the stretches of the groups LS_Q16X16_PF and LS_Q16X16_PF + 1 ahead */
+    const uint8_t *pf = w + LS_Q16X16_PF * 16 * rb;
+    for (int64_t b = 0; b < nblk; b++, pf += 16 * BB) {
+        const uint8_t *p = w + b * BB;
+        if (LS_Q16X16_PF > 0)
+            for (int o = 0; o < 16 * BB; o += 64) {
+                LS_PF(pf + o, 0, 3);
+                LS_PF(pf + 16 * rb + o, 0, 2);
+            }
+        __m512i wv[8];
+        if (QT == 0) ls_w16x16_q8_0(p, rb, TAIL, live, wv);
+        else ls_w16x16_q4(p, rb, QT == 1 ? 2 : QT == 2 ? 4 : 6, TAIL, live, wv);
+        if (QT == 3) ls_q5_high_gguf(_mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p + 2, 1), wv);
+        const __m512i head = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, offs, p, 1);
+        const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        /* the offset term's factor per row: -128 d, -8 d, -16 d or the min m */
+        const __m512 cw = QT == 2 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)))
+                                  : _mm512_mul_ps(dw, _mm512_set1_ps(QT == 0 ? -128.0f : QT == 3 ? -16.0f : -8.0f));
+        ls_q16_block_rows(wv, dw, cw, xq, xd, xs, K, nblk, b, acc, MR);
     }
     for (int r = 0; r < MR; r++) _mm512_mask_storeu_ps(out + r * ostride, km, acc[r]);
 }
@@ -264,14 +268,10 @@ static inline __attribute__((always_inline)) void ls_qdot16x16_rows(const uint8_
         int64_t n, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        if (QT == 4) ls_q4k16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, 0, 0, MR);
-        else ls_qdot16x16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 0, MR);
-    }
-    if (i < n) {
-        if (QT == 4) ls_q4k16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, 0, 1, MR);
-        else ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
-    }
+    for (; i + 16 <= n; i += 16)
+        ls_qdot16x16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 0, MR);
+    if (i < n)
+        ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
 }
 
 /* all n weight rows at w (stride rb) against mr activation rows; returns how many it did: n, or none when the
@@ -304,6 +304,10 @@ LS_QDOT16X16(ls_qdot16x16_q4_k, 4, 144)
 static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint8_t *restrict g, int64_t nblk,
         const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
+    if (QT == 4) {  /* super-blocks of their own (16 rows of rb = nblk / 8 * 144 bytes) */
+        ls_q4k16_group(g, nblk / 8 * 144, 16, xq, xd, xs, K, nblk, out, ostride, 1, 0, MR);
+        return;
+    }
     const int QB = QT == 0 ? 512 : QT == 3 ? 320 : 256;  /* quant bytes of a block of 16 rows (q5_0: 64 high) */
     const uint16_t *sd = (const uint16_t *)g;  /* [nblk][16] float16 scales (q4_1: then [nblk][16] mins) */
     const uint8_t *qs = g + nblk * (QT == 2 ? 64 : 32);
@@ -334,14 +338,10 @@ static inline __attribute__((always_inline)) void ls_qdot16x16r_group(const uint
             }
             if (QT == 3) {  /* the high bits, stored so that one shift puts each vector's at bit 4 of its bytes */
                 const __m512i h = _mm512_loadu_si512((const void *)p), b4 = _mm512_set1_epi8(16);
-                wv[0] = _mm512_ternarylogic_epi32(wv[0], h, b4, 0xF8);  /* a | (b & c) */
-                wv[1] = _mm512_ternarylogic_epi32(wv[1], _mm512_srli_epi32(h, 1), b4, 0xF8);
-                wv[2] = _mm512_ternarylogic_epi32(wv[2], _mm512_srli_epi32(h, 2), b4, 0xF8);
-                wv[3] = _mm512_ternarylogic_epi32(wv[3], _mm512_srli_epi32(h, 3), b4, 0xF8);
-                wv[4] = _mm512_ternarylogic_epi32(wv[4], _mm512_slli_epi32(h, 4), b4, 0xF8);
-                wv[5] = _mm512_ternarylogic_epi32(wv[5], _mm512_slli_epi32(h, 3), b4, 0xF8);
-                wv[6] = _mm512_ternarylogic_epi32(wv[6], _mm512_slli_epi32(h, 2), b4, 0xF8);
-                wv[7] = _mm512_ternarylogic_epi32(wv[7], _mm512_slli_epi32(h, 1), b4, 0xF8);
+                for (int j = 0; j < 4; j++) {  /* a | (b & c) */
+                    wv[j] = _mm512_ternarylogic_epi32(wv[j], _mm512_srli_epi32(h, j), b4, 0xF8);
+                    wv[4 + j] = _mm512_ternarylogic_epi32(wv[4 + j], _mm512_slli_epi32(h, 4 - j), b4, 0xF8);
+                }
             }
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sd + 16 * b)));
@@ -356,14 +356,10 @@ static inline __attribute__((always_inline)) void ls_qdot16x16r_rows(const uint8
         int64_t n, const int8_t *restrict xq, const float *restrict xd, const float *restrict xs, int64_t K,
         int64_t nblk, float *restrict out, int64_t ostride, const int QT, const int BB, const int MR) {
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        if (QT == 4) ls_q4k16_group(w + i * rb, rb, 16, xq, xd, xs, K, nblk, out + i, ostride, 1, 0, MR);
-        else ls_qdot16x16r_group(w + i * rb, nblk, xq, xd, xs, K, out + i, ostride, QT, BB, MR);
-    }
-    if (i < n) {  /* the rows after the last whole group of the matrix: the GGUF layout */
-        if (QT == 4) ls_q4k16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, 0, 1, MR);
-        else ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
-    }
+    for (; i + 16 <= n; i += 16)
+        ls_qdot16x16r_group(w + i * rb, nblk, xq, xd, xs, K, out + i, ostride, QT, BB, MR);
+    if (i < n)  /* the rows after the last whole group of the matrix: the GGUF layout */
+        ls_qdot16x16_group(w + i * rb, rb, (int)(n - i), xq, xd, xs, K, nblk, out + i, ostride, QT, BB, 1, MR);
 }
 
 #define LS_QDOT16X16R(NAME, QT, BB) \
@@ -392,8 +388,8 @@ LS_QDOT16X16R(ls_qdot16x16r_q4_k, 4, 144)
 #endif
 #endif
 
-/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q4_k): the executor repacks
- * the weights of those (ls_repack16) and passes the others' as they are. */
+/* Which formats this build's matmuls read repacked (bit 0 q8_0, 1 q4_0, 2 q4_1, 3 q5_0, 4 q4_k): the executor
+ * repacks the weights of those (ls_repack16) and passes the others' as they are. */
 const int ls_repack16_formats = 0
 #if defined(LS_REPACK16_q8_0)
     | 1
