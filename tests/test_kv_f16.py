@@ -128,7 +128,9 @@ def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
 
     # float activations, as the batched step below has (the models' default takes int16 for decode)
-    model = api.load(str(tiny), ctx=32, progress=False, activations="float")  # the default: float16
+    # the default: float16; position-major caches, which serve's batched step shares (below); the CLI's
+    # head-major ones give the same text
+    model = api.load(str(tiny), ctx=32, progress=False, activations="float", kv_update="rows")
     assert model.step.kv_dtype == "float16" and all(a.dtype == np.float16 for a in model.cache.arrays.values())
     greedy = model.generate_text("hi", max_tokens=4)
     for flag in ([], ["--kv-cache", "f16"]):

@@ -39,19 +39,26 @@ def build_engine(model, max_batch: int, *, backend: str = "c", options: dict | N
     if isinstance(model.step, TensorParallelStep):  # rank 0 of a tensor-parallel group: calls mirrored on the others
         return tensor_parallel_engine(model, max_batch, backend=backend, options=options, prefill_chunk=prefill_chunk,
                                       max_queue=max_queue, log=say)
+    step = model.step
+    if supports(model.lm) and getattr(step, "kv_update", "rows") != "rows":
+        # the batched steps read the single-sequence step's caches as row ranges of [slots * ctx, ...] arrays:
+        # that step is compiled again with position-major caches (the weights are shared, not copied)
+        t0 = time.perf_counter()
+        step = model.lm.compile(step.ctx, max_chunk=step.max_chunk, last_only=step.last_only, kv_update="rows",
+                                kv_dtype=step.kv_dtype, backend=backend, **options)
+        say(f"compiled the prefill step with position-major caches in {time.perf_counter() - t0:.1f} s")
     if supports(model.lm):
         t0 = time.perf_counter()
         # the batched step shares the caches with the single-sequence program (prefill): the same type
-        stepper = BatchedStep(model.lm, model.step.ctx, max_batch, backend=backend, kv_dtype=model.step.kv_dtype,
-                              **options)
+        stepper = BatchedStep(model.lm, step.ctx, max_batch, backend=backend, kv_dtype=step.kv_dtype, **options)
         say(f"compiled the batched step (up to {max_batch} sequences) in {time.perf_counter() - t0:.1f} s")
         if mixed and max_batch >= 2 and supports_mixed(model.lm):
             t0 = time.perf_counter()
-            stepper = MixedStep(stepper, model.lm, model.step.max_chunk, backend=backend,
-                                kv_dtype=model.step.kv_dtype, **options)
+            stepper = MixedStep(stepper, model.lm, step.max_chunk, backend=backend, kv_dtype=step.kv_dtype,
+                                **options)
             say(f"compiled the mixed decode + prefill step in {time.perf_counter() - t0:.1f} s")
     else:
-        stepper = SequentialStepper(model.step, max_batch)
+        stepper = SequentialStepper(step, max_batch)
         say(f"{type(model.lm).__name__} has no batched step: sequences decode one call each")
     cache = PrefixCache(prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
-    return Engine(model.step, stepper, max_queue=max_queue, prefix_cache=cache, prefill_chunk=prefill_chunk)
+    return Engine(step, stepper, max_queue=max_queue, prefix_cache=cache, prefill_chunk=prefill_chunk)

@@ -71,8 +71,9 @@ class SequentialStepper:
     def __init__(self, step, max_batch: int):
         self.step, self.max_batch, self.ctx = step, max_batch, step.ctx
         self.slots = [step.new_caches() for _ in range(max_batch)]
-        # a RowStep needs the compiled program writing rows in place; other steps are called as they are
-        self._checked = isinstance(step, CompiledLM) and step.kv_update == "rows"
+        # a RowStep needs the compiled program writing rows in place (itself, or the RowStep into the caches'
+        # rows); other steps are called as they are
+        self._checked = isinstance(step, CompiledLM) and step.kv_update in ("rows", "heads")
         self._rows: list[RowStep | None] = [None] * max_batch
 
     def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
@@ -85,10 +86,8 @@ class SequentialStepper:
     def _row_step(self, slot: int) -> RowStep:
         rs = self._rows[slot]
         if rs is None:
-            names = [spec.name for spec in self.step.cache_specs]  # outputs 1.. are the caches' new rows
             rs = self._rows[slot] = RowStep(self.step.program, {"tokens": np.zeros(1, np.int32), **self.slots[slot]},
-                                            writes={k: name for k, name in enumerate(names, 1)}, varying=["tokens"],
-                                            dims={"pos": 0})
+                                            writes=self.step.row_writes(), varying=["tokens"], dims={"pos": 0})
         return rs
 
     def run(self, tokens, positions) -> np.ndarray:
@@ -116,13 +115,22 @@ class Engine:
 
     def __init__(self, step, stepper, max_queue: int = 64, prefix_cache: PrefixCache | None = None,
                  prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK):
-        if getattr(step, "kv_update", "rows") != "rows":
-            raise ValueError("the engine prefills into slot views, which needs kv_update='rows'")
+        if getattr(step, "kv_update", "rows") not in ("rows", "heads"):
+            raise ValueError("the engine prefills into the slots' caches in place, which needs kv_update 'rows' "
+                             f"or 'heads', not {step.kv_update!r}")
+        caches = stepper.slot_caches(0)
+        specs = {s.name: tuple(s.shape) for s in getattr(step, "cache_specs", ())}
+        wrong = [name for name, a in caches.items() if name in specs and a.shape != specs[name]]
+        if wrong:
+            raise ValueError(f"the stepper's cache {wrong[0]!r} is {caches[wrong[0]].shape}, but the prefill step "
+                             f"reads {specs[wrong[0]]} (a batched step shares [ctx, ...] caches: compile the "
+                             "single-sequence step with kv_update='rows')")
         self.chunks = ChunkPolicy(step.max_chunk, prefill_chunk)
         self.step, self.stepper = step, stepper
         # rows are reused by position, so every cache must hold one row per position of the slot
-        caches = stepper.slot_caches(0)
-        self.prefix_cache = prefix_cache if all(a.shape[0] == stepper.ctx for a in caches.values()) else None
+        self.row_axis = getattr(step, "cache_row_axis", 0)
+        fits = all(a.ndim > self.row_axis and a.shape[self.row_axis] == stepper.ctx for a in caches.values())
+        self.prefix_cache = prefix_cache if fits else None
         self.ctx, self.max_batch, self.max_queue = stepper.ctx, stepper.max_batch, max_queue
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.slots: list[Sequence] = []  # packed: slots[i].slot == i
@@ -329,7 +337,8 @@ class Engine:
         seq.slot, seq.pos = len(self.slots), 0
         if self.prefix_cache is not None:  # the last prompt token always runs: its logits are needed
             seq.pos = seq.cached_tokens = self.prefix_cache.load(
-                seq.prompt_ids, self.stepper.slot_caches(seq.slot), limit=len(seq.prompt_ids) - 1)
+                seq.prompt_ids, self.stepper.slot_caches(seq.slot), limit=len(seq.prompt_ids) - 1,
+                axis=self.row_axis)
         self.slots.append(seq)
         return seq
 
@@ -357,7 +366,7 @@ class Engine:
         if not last:
             return True
         if self.prefix_cache is not None:
-            self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot))
+            self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot), axis=self.row_axis)
         if not filling.accept(logits[-1], self.ctx):
             self._release([filling])
         return False
@@ -410,7 +419,8 @@ class Engine:
                 done.append(seq)
         if last:
             if self.prefix_cache is not None:
-                self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot))
+                self.prefix_cache.store(filling.prompt_ids, self.stepper.slot_caches(filling.slot),
+                                        axis=self.row_axis)
             if not filling.accept(logits[len(batch)], self.ctx):
                 done.append(filling)
         if done:
@@ -442,7 +452,7 @@ class Engine:
         for seq in gone:
             # rows 0 .. pos-1 hold history[:pos] once the prompt is prefilled (not after a failed step)
             if self.prefix_cache is not None and seq.finish_reason != "error" and seq.pos >= len(seq.prompt_ids):
-                self.prefix_cache.store(seq.history, self.stepper.slot_caches(seq.slot), seq.pos)
+                self.prefix_cache.store(seq.history, self.stepper.slot_caches(seq.slot), seq.pos, axis=self.row_axis)
             seq.slot = None
         decoding = [s for s in self.slots if id(s) not in gone_ids and s.next_token is not None]
         filling = [s for s in self.slots if id(s) not in gone_ids and s.next_token is None]

@@ -146,7 +146,8 @@ class Former:
             if n.op is Op.SCATTER:
                 dest, st = n.srcs[0]
                 if (dest.op is Op.INPUT and dest.arg in program.donated and st.is_contiguous
-                        and _same_shape(st.shape, dest.shape) and len(self.consumers[dest.id]) == 1):
+                        and sym.same(sym.prod(st.shape), sym.prod(dest.shape))
+                        and len(self.consumers[dest.id]) == 1):
                     self.in_place[n.id] = dest
 
     def may_lower(self, n: Node) -> bool:

@@ -22,9 +22,17 @@ returns the logits and the updated caches. How the cache is updated (``kv_update
   The cache inputs are donated (``Graph.compile(donate=...)``): the C backend then writes
   the rows into the caller's arrays in place; a backend that does not copies every cache
   on every step.
-- ``"rows"`` (default): the graph attends over ``concat(cache[:pos], new rows)`` and outputs
+- ``"rows"``: the graph attends over ``concat(cache[:pos], new rows)`` and outputs
   only the new rows; ``run`` stores them into the cache arrays in place (``seq`` rows per
-  cache per call, no copy of the cache).
+  cache per call, no copy of the cache). The caches are ``[ctx, kv_heads, head_dim]``.
+- ``"heads"`` (the C backend's default, ``default_kv_update``): head-major caches
+  ``[kv_heads, ctx, head_dim]``, so attention reads each KV head's keys and values as one
+  contiguous run instead of ``head_dim`` of every ``kv_heads * head_dim`` elements (SmolLM2's
+  decode attention at position 512 took 0.6x the time, benchmarks/README.md); the graph
+  scatters the new rows into the donated caches in place, as ``"scatter"`` does, and
+  outputs the caches. The positions are axis 1 (``CompiledLM.cache_row_axis``).
+  The batched engine's steps (lightspeed.engine) share the single-sequence program's caches
+  as row ranges of ``[slots * ctx, ...]`` arrays and need ``"rows"``.
 
 To add a family (Gemma, ...): subclass ``ModelConfig`` with its hyper-parameters,
 subclass ``CausalLM`` with ``from_gguf`` / ``from_folder`` constructors and the three
@@ -52,7 +60,9 @@ if TYPE_CHECKING:
     from ..io import Tokenizer
     from .weights import WeightStore
 
-KV_UPDATES = ("rows", "scatter")
+KV_UPDATES = ("rows", "scatter", "heads")
+# the axis of a cache array that holds the positions, by kv_update
+CACHE_ROW_AXIS = {"rows": 0, "scatter": 0, "heads": 1}
 # the element types a KV cache may be stored in: float16 halves the bytes attention reads per token and
 # the caches' memory; the values are rounded once, when their rows are appended
 KV_DTYPES = {"float32": dt.float32, "float16": dt.float16}
@@ -108,6 +118,18 @@ def default_kv_dtype(backend: str = "c") -> str:
     return DEFAULT_KV_DTYPE if backend in ("c", "reference") else "float32"
 
 
+def default_kv_update(backend: str = "c") -> str:
+    """How a step compiled for ``backend`` updates its caches when not asked (see the module docstring):
+    head-major caches on the C backend, whose scatter writes donated inputs in place and whose decode
+    attention reads them faster; "rows" on the others (their attention was not measured with them)."""
+    return "heads" if backend == "c" else "rows"
+
+
+def head_major(specs: list[CacheSpec]) -> list[CacheSpec]:
+    """``specs`` (``[ctx, kv_heads, head_dim]``) as head-major arrays ``[kv_heads, ctx, head_dim]``."""
+    return [dataclasses.replace(s, shape=(s.shape[1], s.shape[0]) + s.shape[2:]) for s in specs]
+
+
 def with_kv_dtype(specs: list[CacheSpec], kv_dtype: "str | dt.DType") -> list[CacheSpec]:
     """``specs`` stored as ``kv_dtype`` (see ``KV_DTYPES``)."""
     d = kv_dtype_of(kv_dtype)
@@ -128,8 +150,8 @@ class KVAppend:
         self.g, self.seq, self.pos, self.mode = g, seq, pos, mode
         self.inputs = {s.name: g.input(s.name, s.shape, s.dtype) for s in specs}
         self.outputs: dict[str, Tensor] = {}
-        ctx = specs[0].shape[0] if specs else sym.add(pos, seq)
-        # rows mode reads pos cached rows then seq new ones; scatter mode slices the updated cache,
+        ctx = specs[0].shape[CACHE_ROW_AXIS[mode]] if specs else sym.add(pos, seq)
+        # rows mode reads pos cached rows then seq new ones; scatter and heads slice the updated cache,
         # where the min only keeps the bound provable (run() keeps pos + seq <= ctx)
         self.total: sint = sym.add(pos, seq) if mode == "rows" else sym.smin(sym.add(pos, seq), ctx)
 
@@ -145,6 +167,18 @@ class KVAppend:
         rest = [None] * (cache.ndim - 1)
         compute = rows.dtype
         rows = rows.cast(cache.dtype)
+        if self.mode == "heads":
+            # row (h, p) of the [heads * ctx, ...] view is head h's row at position p: the new rows of
+            # every head are scattered in one node, which writes the donated cache in place
+            heads, ctx = cache.shape[:2]
+            flat = cache.reshape(heads * ctx, *cache.shape[2:])
+            index = (arange(self.g, heads) * ctx).reshape(heads, 1) + self.positions.reshape(1, self.seq)
+            src = rows.permute(1, 0, *range(2, rows.ndim)).contiguous()
+            updated = flat.scatter(index.reshape(heads * self.seq), src.reshape(heads * self.seq, *rows.shape[2:]))
+            updated = updated.reshape(cache.shape)
+            self.outputs[name] = updated
+            every = updated.shrink([None, (0, self.total)] + rest[1:])
+            return every.permute(1, 0, *range(2, cache.ndim)).cast(compute)
         if self.mode == "scatter":
             updated = cache.scatter(self.positions, rows)
             self.outputs[name] = updated
@@ -195,6 +229,8 @@ class CausalLM(ABC):
         pos = sym.dim("pos", 0, ctx - 1)
         tokens = g.input("tokens", (seq,), dt.int32)
         specs = with_kv_dtype(self.cache_specs(ctx), kv_dtype)
+        if kv_update == "heads":
+            specs = head_major(specs)
         kv = KVAppend(g, specs, seq, pos, kv_update)
         hidden = self.forward(g, tokens, kv)
         if last_only:
@@ -209,11 +245,14 @@ class CausalLM(ABC):
         return g, [logits] + [kv.outputs[s.name] for s in specs], specs
 
     def compile(self, ctx: int | None = None, *, max_chunk: int = DEFAULT_MAX_CHUNK, last_only: bool = True,
-                kv_update: str = "rows", kv_dtype: "str | dt.DType | None" = None, backend: str = "c",
+                kv_update: str | None = None, kv_dtype: "str | dt.DType | None" = None, backend: str = "c",
                 **options) -> "CompiledLM":
         """Build and compile the step program (see ``build``) for ``backend``. The C backend's quantized
         matmuls take activations ``DEFAULT_ACTIVATIONS`` unless ``activations`` (or ``int8_activations``)
-        is given; the caches are ``default_kv_dtype(backend)`` unless ``kv_dtype`` is given."""
+        is given; the caches are ``default_kv_dtype(backend)`` unless ``kv_dtype`` is given, and updated as
+        ``default_kv_update(backend)`` says unless ``kv_update`` is given."""
+        if kv_update is None:
+            kv_update = default_kv_update(backend)
         if kv_dtype is None:
             kv_dtype = default_kv_dtype(backend)
         if backend == "c" and "activations" not in options and not options.get("int8_activations"):
@@ -222,8 +261,8 @@ class CausalLM(ABC):
         t0 = time.perf_counter()
         g, outputs, specs = self.build(ctx, max_chunk, last_only, kv_update, kv_dtype)
         t1 = time.perf_counter()
-        # scatter mode donates the caches: a backend that can writes the new rows in place
-        donate = [s.name for s in specs] if kv_update == "scatter" else []
+        # scatter and heads donate the caches: a backend that can writes the new rows in place
+        donate = [s.name for s in specs] if kv_update in ("scatter", "heads") else []
         program = g.compile(outputs, backend=backend, donate=donate, **options)
         t2 = time.perf_counter()
         return CompiledLM(program, specs, ctx, min(max_chunk, ctx), last_only, self.config.vocab_size, kv_update,
@@ -250,6 +289,11 @@ class CompiledLM:
         self._ids_in: dict[str, np.ndarray] = {}
 
     @property
+    def cache_row_axis(self) -> int:
+        """The axis of each cache array that holds its positions (1 for head-major caches)."""
+        return CACHE_ROW_AXIS[self.kv_update]
+
+    @property
     def kv_dtype(self) -> str:
         """The caches' element type ("float32" or "float16")."""
         return self.cache_specs[0].dtype.name if self.cache_specs else "float32"
@@ -261,7 +305,9 @@ class CompiledLM:
     def run(self, tokens, pos: int, caches: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Run ``tokens`` (at most ``max_chunk``) at positions ``pos ..``; returns the logits
         (``[1, vocab]`` or ``[len(tokens), vocab]``) and the updated caches: with ``kv_update="rows"``
-        the same arrays, written in place; with ``"scatter"`` the program's new arrays."""
+        the same arrays, written in place; with ``"scatter"`` the program's new arrays; with ``"heads"`` the
+        same arrays, updated in place by the program (arrays it cannot update, read-only or not C-contiguous,
+        are refused with a ValueError naming them)."""
         ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(-1)
         n = ids.shape[0]
         if not 1 <= n <= self.max_chunk:
@@ -276,18 +322,27 @@ class CompiledLM:
         if self.kv_update == "scatter":
             outs = self.program(dims={"pos": pos}, tokens=ids, **caches)
             return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
-        # the new rows are written straight into the caches (rows pos.. are not read by this step), so a
-        # long prompt allocates no second copy of its keys and values; the caches are checked once per set
-        # of arrays (a RowStep), not on every call
+        # rows: the new rows are written straight into the caches (rows pos.. are not read by this step), so a
+        # long prompt allocates no second copy of its keys and values; heads: the program writes them in place.
+        # Either way the caches are checked once per set of arrays (a RowStep), not on every call
         step = self._row_step_for(caches)
         if step is not None:
             ids_in = self._ids_in
             ids_in["tokens"] = ids
             return step.run(ids_in, {"pos": pos}, pos)[0], caches
-        outs = self.program(dims={"pos": pos}, tokens=ids, **caches)
+        outs = self.program(dims={"pos": pos}, tokens=ids, **caches)  # heads: refuses what it cannot update
+        if self.kv_update == "heads":
+            return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
         for s, rows in zip(self.cache_specs, outs[1:]):
             caches[s.name][pos:pos + n] = rows
         return outs[0], caches
+
+    def row_writes(self) -> dict[int, str]:
+        """The ``writes`` of a ``RowStep`` over this program: output k (1..) into the rows of cache k's array,
+        or nothing where the program updates the (donated) caches itself."""
+        if self.kv_update == "heads":
+            return {}
+        return {k: name for k, name in enumerate(self._cache_names, 1)}
 
     def _row_step_for(self, caches: dict[str, np.ndarray]) -> "RowStep | None":
         """The RowStep over these cache arrays (made when they differ from the last call's), or None where
@@ -305,8 +360,7 @@ class CompiledLM:
         if not all(a.flags.c_contiguous and a.flags.writeable for a in arrays):
             return None
         ids = np.zeros(1, dtype=np.int32)
-        self._row_step = RowStep(self.program, {"tokens": ids, **caches},
-                                 writes={k: name for k, name in enumerate(self._cache_names, 1)},
+        self._row_step = RowStep(self.program, {"tokens": ids, **caches}, writes=self.row_writes(),
                                  varying=["tokens"], dims={"pos": 0})
         self._row_step_key = key  # the RowStep holds the arrays, so their ids stay theirs
         return self._row_step

@@ -222,10 +222,13 @@ class CBackend:
     def prepare_rows(self, targets: dict[int, np.ndarray], varying: list[str]) -> "_RowTargets | None":
         """For ``lightspeed.row_step.RowStep``: output k goes into rows of ``targets[k]`` (checked by the
         caller: writable, C-contiguous, same dtype and row shape); only the inputs named in ``varying`` change
-        between calls. None where an output has no buffer of its own (a donated input or a duplicate),
-        which the ordinary path handles."""
+        between calls. A donated input updated in place (not a target) comes back as None, as a target does.
+        None where another output has no buffer of its own (a duplicate, a donated input as a target), which
+        the ordinary path handles."""
         slots, bases, row_bytes, others = [], [], [], []
         for k, (slot, shape, npdt, first) in enumerate(self._outs):
+            if npdt is None and first == k and k not in targets:
+                continue  # written into the input's own array, whose slot holds it
             if npdt is None or first != k:
                 return None
             if k in targets:
