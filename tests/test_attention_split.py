@@ -162,7 +162,7 @@ def test_batched_row_alone_and_in_a_batch(tmp_path):
     ctx, chunk = 3 * PK + 40, 64
     bs = BatchedStep(lm, ctx, 3, backend="c")
     assert any(k.template.split is not None for k in bs.program.executor.plan.kernels if k.kind == "attention")
-    single = lm.compile(ctx, max_chunk=chunk, backend="c", kv_update="rows")  # shares the batched caches
+    single = lm.compile(ctx, max_chunk=chunk, backend="c")
     rng = np.random.default_rng(1)
     lengths = [3 * PK + 20, PK + 1, 40]
     for slot, n in enumerate(lengths):

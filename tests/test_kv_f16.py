@@ -142,7 +142,7 @@ def test_api_cli_and_batched_step(tiny, tmp_path, capsys, monkeypatch):
 
     # serve's batched step shares the float16 caches with the single-sequence program
     from lightspeed.engine.batched import BatchedStep
-    batched = BatchedStep(model.lm, 32, 2)  # the default, as the single-sequence program's
+    batched = BatchedStep(model.lm, 32, 2, head_major=False)  # float16, the default, as the program's
     assert all(a.dtype == np.float16 for a in batched.caches.values())
     assert [k.kind for k in batched.program.executor.plan.kernels].count("attention") == SHAPE["layers"]
     alone = {n: np.zeros_like(a[:32]) for n, a in batched.caches.items()}

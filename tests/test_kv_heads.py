@@ -5,8 +5,9 @@ The two layouts hold the same rows (one the transpose of the other) and the prog
 from them; the new rows are scattered into the caller's arrays (no copy of a cache, the same array objects
 back), calls are checked once per set of arrays (a RowStep with nothing to write), caches that cannot be
 updated in place (read-only, not C-contiguous) are refused by name, and the engine's prefix cache copies
-blocks along the positions' axis. The batched engine shares position-major caches: ``build_engine`` compiles
-such a step for itself when the model's step is head-major.
+blocks along the positions' axis. The batched and mixed steps of the engine take head-major caches too
+(``head_major``), sharing them with the single-sequence program, with the same numbers as over position-major
+ones.
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 from tiny_gguf import write_tiny_llama
 
 from lightspeed import api
+from lightspeed.engine.batched import BatchedStep
 from lightspeed.engine.factory import build_engine
 from lightspeed.engine.local import LocalEngine
+from lightspeed.engine.mixed import MixedStep
 from lightspeed.models import load_model
 from lightspeed.models.base import default_kv_update
 from lightspeed.prefix_cache import PrefixCache
@@ -144,9 +147,45 @@ def test_local_engine_reuses_prefixes_with_head_major_caches(tiny):
         local.close()
 
 
-def test_build_engine_compiles_position_major_caches_for_the_batched_step(tiny):
+def test_build_engine_shares_head_major_caches_with_the_batched_steps(tiny):
     model = api.load(str(tiny), ctx=CTX, progress=False, activations="float")
-    engine = build_engine(model, 2, options={"activations": "float"})
-    assert model.step.kv_update == "heads" and engine.step.kv_update == "rows"
-    assert all(s.shape[0] == CTX for s in engine.step.cache_specs)
-    assert all(a.shape[0] == CTX for a in engine.stepper.slot_caches(0).values())
+    engine = build_engine(model, 3, options={"activations": "float"})
+    assert engine.step is model.step and engine.stepper.batched.head_major  # one prefill program, no second
+    c = model.lm.config
+    assert all(a.shape == (3, c.n_kv_heads, CTX, c.head_dim) for a in engine.stepper.batched.caches.values())
+    assert all(a.shape == (c.n_kv_heads, CTX, c.head_dim) for a in engine.stepper.slot_caches(1).values())
+    assert engine.prefix_cache is not None and engine.row_axis == 1
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_batched_steps_compute_the_same_in_both_layouts(lm, steps, mixed):
+    """Three sequences prefilled into their slots, then a batched step (or a mixed step carrying a chunk of a
+    fourth): the same logits and cache rows whether the caches are head-major or position-major, and a slot
+    moved down keeps its rows."""
+    rng = np.random.default_rng(3)
+    prompts = [[int(t) for t in rng.integers(3, 128, n)] for n in (5, 17, 33)]
+    chunk = [int(t) for t in rng.integers(3, 128, 7)]
+    out = {}
+    for head_major, mode in ((False, "rows"), (True, "heads")):
+        stepper = BatchedStep(lm, CTX, 4, head_major=head_major, activations="float")
+        kernels = stepper.program.executor.plan.kernels
+        assert [k.kind for k in kernels].count("attention") == lm.config.n_layers  # the streaming kernel
+        assert not [k.name for k in kernels if k.name.endswith("_copy")]  # caches written in place
+        if mixed:
+            stepper = MixedStep(stepper, lm, 8, activations="float")
+        single = steps[mode]
+        for slot, ids in enumerate(prompts):
+            for lo in range(0, len(ids), 8):
+                single.run(ids[lo:lo + 8], lo, stepper.slot_caches(slot))
+        tokens, positions = [7, 9, 11], [len(p) for p in prompts]
+        logits = stepper.run_mixed(tokens, positions, chunk, 0) if mixed else stepper.run(tokens, positions)
+        stepper.move_slot(2, 0, positions[2] + 1)
+        slots = range(4) if mixed else range(3)
+        caches = [{n: np.moveaxis(a, single.cache_row_axis, 0) for n, a in stepper.slot_caches(s).items()}
+                  for s in slots]
+        out[mode] = logits, caches
+    np.testing.assert_allclose(out["heads"][0], out["rows"][0], rtol=1e-5, atol=1e-5)
+    for got, want in zip(out["heads"][1], out["rows"][1]):
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    assert out["heads"][1][0]["k0"][positions[2]].any()  # slot 2's new row, moved into slot 0

@@ -73,7 +73,8 @@ def test_a_stage_in_micro_batches_equals_the_batched_program(tiny) -> None:
     lm = load_model(tiny)
     stage = PipelineStep(lm, SingleProcess(), ctx=CTX, max_chunk=CHUNK)
     micro = PipelineBatchedStep(stage, BATCH, micro_batches=2)
-    whole, single = BatchedStep(lm, CTX, BATCH), lm.compile(CTX, max_chunk=CHUNK, kv_update="rows")
+    # position-major caches, as the stage's: their rows are compared below
+    whole, single = BatchedStep(lm, CTX, BATCH, head_major=False), lm.compile(CTX, max_chunk=CHUNK, kv_update="rows")
     assert micro.rows_per_call == 2  # 3 rows: micro-batches of 2 and 1
     lengths = [5, 40, 33]  # key counts on both sides of a key block
     _prefilled(stage.run, micro.slot_caches, lengths)
@@ -141,7 +142,7 @@ def test_rank_0_engine_mirrored_on_stage_1_gives_one_process_tokens(tiny, tmp_pa
     got = json.loads(out.read_text())
     assert got["micro_batches"] == 2
     lm = load_model(tiny)
-    engine = Engine(lm.compile(CTX, max_chunk=CHUNK, kv_update="rows"), BatchedStep(lm, CTX, BATCH), prefill_chunk=4)
+    engine = Engine(lm.compile(CTX, max_chunk=CHUNK), BatchedStep(lm, CTX, BATCH), prefill_chunk=4)
     engine.start()
     done = threading.Semaphore(0)
     seqs = [Sequence(ids, RequestOptions(max_tokens=n, ignore_eos=True), lm.tokenizer, lm.tokenizer.stop_ids,

@@ -24,7 +24,7 @@ def tiny(tmp_path_factory):
     write_tiny_llama(path, seed=3)
     lm = load_model(path)
     # float activations, as the batched step's (the C backend's default; the models' takes int16 for decode)
-    single = lm.compile(CTX, max_chunk=CHUNK, backend="c", activations="float", kv_update="rows")
+    single = lm.compile(CTX, max_chunk=CHUNK, backend="c", activations="float")
     batched = BatchedStep(lm, CTX, MAX_BATCH, backend="c")
     return lm, single, batched
 

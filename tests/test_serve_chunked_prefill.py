@@ -68,7 +68,7 @@ def tiny(tmp_path_factory):
     # up to 8 rows, float or, on AMX, bfloat16 tiles for longer ones), and this tiny random model's logits are
     # close enough to tie that a reply cut otherwise may differ; here the replies must be equal
     opts = {"backend": "c", "activations": "float"}
-    return lm, lm.compile(CTX, max_chunk=MAX_CHUNK, kv_update="rows", **opts), BatchedStep(lm, CTX, MAX_BATCH, **opts)
+    return lm, lm.compile(CTX, max_chunk=MAX_CHUNK, **opts), BatchedStep(lm, CTX, MAX_BATCH, **opts)
 
 
 def _engine(tiny, chunk=CHUNK, cache=None):

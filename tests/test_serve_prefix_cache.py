@@ -65,7 +65,7 @@ def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("prefix") / "tiny.gguf"
     write_tiny_llama(path, seed=4)
     lm = load_model(path)
-    return lm, lm.compile(CTX, max_chunk=CHUNK, backend="c", kv_update="rows")
+    return lm, lm.compile(CTX, max_chunk=CHUNK, backend="c")
 
 
 class _Sink:

@@ -47,7 +47,7 @@ def test_one_rank_of_segments_equals_the_batched_program(tiny, kv_dtype) -> None
     segments = TensorParallelBatchedStep(tp, BATCH)
     # float activations in all three: the C backend's default (the models' takes int16 for decode)
     whole = BatchedStep(lm, CTX, BATCH, kv_dtype=kv_dtype)
-    single = lm.compile(CTX, max_chunk=CHUNK, activations="float", kv_dtype=kv_dtype, kv_update="rows")
+    single = lm.compile(CTX, max_chunk=CHUNK, activations="float", kv_dtype=kv_dtype)
     assert tp.kv_dtype == single.kv_dtype == (kv_dtype or "float16")
     lengths = [5, 40, 33]  # key counts on both sides of a key block
     _prefilled(lm, tp.run, segments.slot_caches, lengths)
@@ -114,7 +114,7 @@ def test_rank_0_engine_mirrored_on_rank_1_gives_one_process_tokens(tiny, tmp_pat
     assert run_ranks(2, [sys.executable, str(script), tiny, str(out), json.dumps(requests)]) == 0
     got = json.loads(out.read_text())
     lm = load_model(tiny)
-    engine = Engine(lm.compile(CTX, max_chunk=CHUNK, kv_update="rows"), BatchedStep(lm, CTX, BATCH), prefill_chunk=4)
+    engine = Engine(lm.compile(CTX, max_chunk=CHUNK), BatchedStep(lm, CTX, BATCH), prefill_chunk=4)
     engine.start()
     done = threading.Semaphore(0)
     seqs = [Sequence(ids, RequestOptions(max_tokens=n, ignore_eos=True), lm.tokenizer, lm.tokenizer.stop_ids,

@@ -25,7 +25,10 @@ single-sequence program, which sums exactly ``pos + 1`` keys.
 
 Prefill of a new request runs through the model's single-sequence program directly on its
 slot: ``slot_caches(s)`` are ``[ctx, kv_heads, head_dim]`` views of the batched caches, which
-that program (``kv_update="rows"``) reads and writes in place, so no rows are copied.
+that program (``kv_update="rows"``) reads and writes in place, so no rows are copied. With
+``head_major`` the caches are ``[max_batch, kv_heads, ctx, head_dim]`` and slot ``s`` is ``[s]``, the
+layout of a program compiled with ``kv_update="heads"`` (the C backend's default), which updates it in
+place; each row's scatter then writes every KV head's row (``scatter_rows``).
 
 Only the Llama family has a batched forward here (``BATCHED_FORWARDS``); ``supports(lm)`` says
 whether a model has one.
@@ -41,35 +44,68 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
-from ..models.base import DEFAULT_KV_DTYPE, CausalLM, default_kv_dtype, with_kv_dtype
+from ..models.base import DEFAULT_KV_DTYPE, CausalLM, default_kv_dtype, default_kv_update, with_kv_dtype
 from ..models.llama import Llama
 from ..tensor import Tensor
 
 KEY_BLOCK = 32  # keys per streamed block of the C attention kernel (backend/c/attention.py KEYS)
 
 
+def batched_cache_shape(max_batch: int, ctx: int, row_shape: tuple[int, ...], head_major: bool) -> tuple[int, ...]:
+    """The shape of a batched cache: ``[max_batch * ctx, kv_heads, head_dim]`` (slot ``s`` owns rows ``s*ctx ..``)
+    or, head-major, ``[max_batch, kv_heads, ctx, head_dim]`` (slot ``s`` is ``[s]``, the single-sequence
+    program's head-major layout)."""
+    if head_major:
+        return (max_batch, row_shape[0], ctx) + tuple(row_shape[1:])
+    return (max_batch * ctx,) + tuple(row_shape)
+
+
+def slot_stride(ctx: int, row_shape: tuple[int, ...], head_major: bool) -> int:
+    """Rows of the scatter's flat view between one slot's position ``p`` and the next slot's."""
+    return ctx * row_shape[0] if head_major else ctx
+
+
+def scatter_rows(cache: Tensor, base: Tensor, rows: Tensor, ctx: int, head_major: bool) -> tuple[Tensor, Tensor]:
+    """``cache`` with ``rows [n, kv_heads, ...]`` written at slot-and-position rows ``base [n]`` (``slot *
+    slot_stride + position``); returns the updated cache (the graph output) and a view of it as ``[max_batch,
+    ctx, kv_heads, ...]`` to read slots through. Head-major caches get every head's row in one Scatter over their
+    ``[max_batch * kv_heads * ctx, ...]`` view, which writes the donated cache in place."""
+    if not head_major:
+        updated = cache.scatter(base, rows)
+        return updated, updated.reshape((cache.shape[0] // ctx, ctx) + tuple(cache.shape[1:]))
+    slots, heads = cache.shape[:2]
+    rest = tuple(cache.shape[3:])
+    n = rows.shape[0]
+    flat = cache.reshape((slots * heads * ctx,) + rest)
+    index = base.reshape((n, 1)) + (cache.graph.iota(heads) * ctx).reshape((1, heads))   # [n, kv_heads]
+    updated = flat.scatter(index.reshape((sym.mul(n, heads),)), rows.reshape((sym.mul(n, heads),) + rest))
+    updated = updated.reshape(cache.shape)
+    return updated, updated.permute(0, 2, 1, *range(3, cache.ndim))
+
+
 class BatchedKV:
     """The batched caches as a forward pass sees them: ``append(name, rows [B, ...])`` scatters the
-    rows at ``b*ctx + positions[b]`` and returns each row's keys ``[B, keys, ...]`` (its own slot's
-    rows ``0 .. keys-1``); ``visible [B, keys]`` masks the keys past each row's position."""
+    rows at position ``positions[b]`` of slot ``b`` and returns each row's keys ``[B, keys, ...]`` (its own
+    slot's rows ``0 .. keys-1``); ``visible [B, keys]`` masks the keys past each row's position."""
 
     def __init__(self, g: Graph, names: list[str], row_shape: tuple[int, ...], ctx: int, max_batch: int,
-                 batch: sym.Var, keys: sym.Var, positions: Tensor, kv_dtype: dt.DType = dt.float32):
+                 batch: sym.Var, keys: sym.Var, positions: Tensor, kv_dtype: dt.DType = dt.float32,
+                 head_major: bool = False):
         self.g, self.ctx, self.max_batch, self.batch, self.keys = g, ctx, max_batch, batch, keys
-        self.row_shape = row_shape
+        self.row_shape, self.head_major = row_shape, head_major
         self.positions = positions
-        self.inputs = {n: g.input(n, (max_batch * ctx,) + row_shape, kv_dtype) for n in names}
+        shape = batched_cache_shape(max_batch, ctx, row_shape, head_major)
+        self.inputs = {n: g.input(n, shape, kv_dtype) for n in names}
         self.outputs: dict[str, Tensor] = {}
-        self.rows = g.iota(batch) * ctx + positions                              # [B] flat cache rows
+        self.rows = g.iota(batch) * slot_stride(ctx, row_shape, head_major) + positions   # [B] slot and position
         self.visible = g.iota(keys).reshape((1, keys)) <= positions.reshape((batch, 1))  # [B, keys]
 
     def append(self, name: str, rows: Tensor) -> Tensor:
         if name in self.outputs:
             raise ValueError(f"cache {name!r} was appended to twice in one forward pass")
         cache = self.inputs[name]
-        updated = cache.scatter(self.rows, rows.cast(cache.dtype))
+        updated, per_slot = scatter_rows(cache, self.rows, rows.cast(cache.dtype), self.ctx, self.head_major)
         self.outputs[name] = updated
-        per_slot = updated.reshape((self.max_batch, self.ctx) + self.row_shape)
         rest = [None] * len(self.row_shape)
         # a float16 cache is read through a cast back to float32, as in KVAppend
         return per_slot.shrink([(0, self.batch), (0, self.keys)] + rest).cast(dt.float32)
@@ -128,9 +164,10 @@ def supports(lm: CausalLM) -> bool:
 
 
 def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = DEFAULT_KV_DTYPE,
-                  ) -> tuple[Graph, list[Tensor], list[str]]:
+                  head_major: bool = False) -> tuple[Graph, list[Tensor], list[str]]:
     """The batched step graph: outputs ``[logits [B, vocab], *updated caches]``; the cache names.
-    ``kv_dtype`` ("float32" or "float16") is the caches' element type."""
+    ``kv_dtype`` ("float32" or "float16") is the caches' element type; ``head_major`` lays them out as
+    ``batched_cache_shape`` says."""
     forward = BATCHED_FORWARDS.get(type(lm))
     if forward is None:
         raise ValueError(f"no batched decode step for {type(lm).__name__} models (supported: "
@@ -147,7 +184,7 @@ def build_batched(lm: CausalLM, ctx: int, max_batch: int, kv_dtype: str = DEFAUL
     tokens = g.input("tokens", (batch,), dt.int32)
     positions = g.input("positions", (batch,), dt.int32)
     names = [s.name for s in specs]
-    kv = BatchedKV(g, names, row_shape, ctx, max_batch, batch, keys, positions, specs[0].dtype)
+    kv = BatchedKV(g, names, row_shape, ctx, max_batch, batch, keys, positions, specs[0].dtype, head_major)
     hidden = forward(lm, g, tokens, kv)
     logits = lm.lm_head(g, hidden)
     return g, [logits] + [kv.outputs[n] for n in names], names
@@ -170,20 +207,22 @@ def check_step_inputs(tokens, positions, max_batch: int, ctx: int, vocab_size: i
 
 
 class SlottedCaches:
-    """Batched caches ``[slots * ctx, ...]`` (``self.caches``) in slots of ``self.ctx`` rows, for the engine's
-    steppers: ``slot_caches`` views, ``slot_of``, ``move_slot`` and ``adopt``. A subclass sets ``caches``,
-    ``ctx`` and ``max_batch`` and calls ``_reset_views``."""
+    """Batched caches ``[slots * ctx, ...]`` (``self.caches``) in slots of ``self.ctx`` rows, or head-major
+    ``[slots, kv_heads, ctx, ...]`` (``head_major``), for the engine's steppers: ``slot_caches`` views,
+    ``slot_of``, ``move_slot`` and ``adopt``. A subclass sets ``caches``, ``ctx`` and ``max_batch`` (and
+    ``head_major`` when true) and calls ``_reset_views``."""
 
     caches: dict[str, np.ndarray]
     ctx: int
     max_batch: int
+    head_major: bool = False
 
     def _reset_views(self) -> None:
         self._views: list[dict[str, np.ndarray] | None] = [None] * self.max_batch
 
     def slot_caches(self, slot: int) -> dict[str, np.ndarray]:
-        """Views ``[ctx, ...]`` of slot ``slot`` in every cache (the layout the single-sequence
-        program takes; writes through them land in the batched caches)."""
+        """Views ``[ctx, ...]`` (head-major: ``[kv_heads, ctx, ...]``) of slot ``slot`` in every cache (the
+        layout the single-sequence program takes; writes through them land in the batched caches)."""
         if not 0 <= slot < self.max_batch:
             raise ValueError(f"slot {slot} is outside 0..{self.max_batch - 1}")
         # the same views every time: the single-sequence program checks a set of cache arrays once
@@ -191,7 +230,8 @@ class SlottedCaches:
         views = self._views[slot]
         if views is None:
             lo = slot * self.ctx
-            views = self._views[slot] = {n: a[lo:lo + self.ctx] for n, a in self.caches.items()}
+            views = self._views[slot] = {n: a[slot] if self.head_major else a[lo:lo + self.ctx]
+                                         for n, a in self.caches.items()}
         return views
 
     def slot_of(self, caches: dict[str, np.ndarray]) -> int:
@@ -203,6 +243,10 @@ class SlottedCaches:
 
     def move_slot(self, src: int, dst: int, rows: int) -> None:
         """Copy the first ``rows`` rows of slot ``src`` into slot ``dst`` (packing after a sequence leaves)."""
+        if self.head_major:
+            for a in self.caches.values():
+                a[dst, :, :rows] = a[src, :, :rows]
+            return
         s, d = src * self.ctx, dst * self.ctx
         for a in self.caches.values():
             a[d:d + rows] = a[s:s + rows]
@@ -214,16 +258,20 @@ class SlottedCaches:
 
 
 class BatchedStep(SlottedCaches):
-    """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each)."""
+    """The compiled batched step and its caches (``max_batch`` slots of ``ctx`` rows each; ``head_major``: the
+    caches of a single-sequence program compiled with ``kv_update="heads"``, else of ``"rows"``; by default
+    those of ``default_kv_update(backend)``)."""
 
     def __init__(self, lm: CausalLM, ctx: int, max_batch: int, backend: str = "c", kv_dtype: str | None = None,
-                 **options):
+                 head_major: bool | None = None, **options):
         t0 = time.perf_counter()
-        g, outputs, names = build_batched(lm, ctx, max_batch, kv_dtype or default_kv_dtype(backend))
+        if head_major is None:  # the layout of the single-sequence program compiled for the same backend
+            head_major = default_kv_update(backend) == "heads"
+        g, outputs, names = build_batched(lm, ctx, max_batch, kv_dtype or default_kv_dtype(backend), head_major)
         t1 = time.perf_counter()
         self.program = g.compile(outputs, backend=backend, donate=names, **options)
         self.build_seconds, self.compile_seconds = t1 - t0, time.perf_counter() - t1
-        self.ctx, self.max_batch, self.names = ctx, max_batch, names
+        self.ctx, self.max_batch, self.names, self.head_major = ctx, max_batch, names, head_major
         self.vocab_size = lm.config.vocab_size
         first = g.inputs[names[0]]
         # zero pages: memory is only touched as slots fill

@@ -40,17 +40,11 @@ def build_engine(model, max_batch: int, *, backend: str = "c", options: dict | N
         return tensor_parallel_engine(model, max_batch, backend=backend, options=options, prefill_chunk=prefill_chunk,
                                       max_queue=max_queue, log=say)
     step = model.step
-    if supports(model.lm) and getattr(step, "kv_update", "rows") != "rows":
-        # the batched steps read the single-sequence step's caches as row ranges of [slots * ctx, ...] arrays:
-        # that step is compiled again with position-major caches (the weights are shared, not copied)
-        t0 = time.perf_counter()
-        step = model.lm.compile(step.ctx, max_chunk=step.max_chunk, last_only=step.last_only, kv_update="rows",
-                                kv_dtype=step.kv_dtype, backend=backend, **options)
-        say(f"compiled the prefill step with position-major caches in {time.perf_counter() - t0:.1f} s")
     if supports(model.lm):
         t0 = time.perf_counter()
-        # the batched step shares the caches with the single-sequence program (prefill): the same type
-        stepper = BatchedStep(model.lm, step.ctx, max_batch, backend=backend, kv_dtype=step.kv_dtype, **options)
+        # the batched step shares the caches with the single-sequence program (prefill): the same type and layout
+        stepper = BatchedStep(model.lm, step.ctx, max_batch, backend=backend, kv_dtype=step.kv_dtype,
+                              head_major=getattr(step, "kv_update", "rows") == "heads", **options)
         say(f"compiled the batched step (up to {max_batch} sequences) in {time.perf_counter() - t0:.1f} s")
         if mixed and max_batch >= 2 and supports_mixed(model.lm):
             t0 = time.perf_counter()

@@ -13,7 +13,7 @@ prefilled in slot ``B`` (the engine keeps slots packed, so the filling one is al
   ``chunk [C]`` (the prompt's next tokens) and the dim ``start`` (the position of ``chunk[0]``);
 - every projection and the MLP run on the ``B + C`` rows together; the new key/value rows of all of them are
   scattered into the batched caches in one Scatter (decode row ``b`` at ``b*ctx + positions[b]``, chunk row
-  ``r`` at ``B*ctx + start + r``);
+  ``r`` at ``B*ctx + start + r``; head-major caches as ``BatchedStep``'s, lightspeed.engine.batched);
 - attention splits: the decode rows attend as in ``BatchedStep`` (each over ``keys`` rows of its own slot,
   ``keys`` rounded to whole key blocks, so a decode row's attention is the same whatever else runs), the
   chunk's rows attend causally over slot ``B``'s rows ``0 .. start + C - 1``;
@@ -42,7 +42,8 @@ from ..models.base import DEFAULT_KV_DTYPE, CausalLM, with_kv_dtype
 from ..models.llama import Llama
 from ..tensor import Tensor
 from ..backend.c.activations import AUTO, resolve_activations
-from .batched import KEY_BLOCK, BatchedStep, check_step_inputs, llama_layers
+from .batched import (KEY_BLOCK, BatchedStep, batched_cache_shape, check_step_inputs, llama_layers, scatter_rows,
+                      slot_stride)
 
 
 class MixedKV:
@@ -52,15 +53,18 @@ class MixedKV:
 
     def __init__(self, g: Graph, names: list[str], row_shape: tuple[int, ...], ctx: int, max_batch: int,
                  batch: sym.Var, chunk: sym.Var, start: sym.Var, keys: sym.Var, positions: Tensor,
-                 kv_dtype: dt.DType):
+                 kv_dtype: dt.DType, head_major: bool = False):
         self.g, self.ctx, self.max_batch, self.row_shape = g, ctx, max_batch, row_shape
         self.batch, self.chunk, self.start, self.keys = batch, chunk, start, keys
-        self.inputs = {n: g.input(n, (max_batch * ctx,) + row_shape, kv_dtype) for n in names}
+        self.head_major = head_major
+        shape = batched_cache_shape(max_batch, ctx, row_shape, head_major)
+        self.inputs = {n: g.input(n, shape, kv_dtype) for n in names}
         self.outputs: dict[str, Tensor] = {}
         self.chunk_positions = arange(g, start, sym.add(start, chunk))                    # [C]
         self.positions = concatenate([positions, self.chunk_positions], 0)                # [B + C]
-        base = sym.add(sym.mul(batch, ctx), start)                                        # slot B, row start
-        self.rows = concatenate([g.iota(batch) * ctx + positions, arange(g, base, sym.add(base, chunk))], 0)
+        stride = slot_stride(ctx, row_shape, head_major)
+        base = sym.add(sym.mul(batch, stride), start)                                     # slot B, row start
+        self.rows = concatenate([g.iota(batch) * stride + positions, arange(g, base, sym.add(base, chunk))], 0)
         # the chunk's keys; the min only keeps the bound provable (run_mixed keeps start + chunk <= ctx)
         self.total = sym.smin(sym.add(start, chunk), ctx)
         self.visible = g.iota(keys).reshape((1, keys)) <= positions.reshape((batch, 1))   # [B, keys]
@@ -70,9 +74,8 @@ class MixedKV:
         if name in self.outputs:
             raise ValueError(f"cache {name!r} was appended to twice in one forward pass")
         cache = self.inputs[name]
-        updated = cache.scatter(self.rows, rows.cast(cache.dtype))
+        updated, per_slot = scatter_rows(cache, self.rows, rows.cast(cache.dtype), self.ctx, self.head_major)
         self.outputs[name] = updated
-        per_slot = updated.reshape((self.max_batch, self.ctx) + self.row_shape)
         rest = [None] * len(self.row_shape)
         decode = per_slot.shrink([(0, self.batch), (0, self.keys)] + rest).cast(dt.float32)
         filling = per_slot.shrink([(self.batch, sym.add(self.batch, 1)), (0, self.total)] + rest)
@@ -125,7 +128,7 @@ def supports_mixed(lm: CausalLM) -> bool:
 
 
 def build_mixed(lm: CausalLM, ctx: int, max_batch: int, max_chunk: int, kv_dtype: str = DEFAULT_KV_DTYPE,
-                ) -> tuple[Graph, list[Tensor], list[str]]:
+                head_major: bool = False) -> tuple[Graph, list[Tensor], list[str]]:
     """The mixed step graph: outputs ``[logits [B + 1, vocab], *updated caches]``; the cache names.
     ``B`` (dim ``batch``) is at most ``max_batch - 1`` (the filling sequence holds slot ``B``), the chunk (dim
     ``chunk``) at most ``max_chunk`` tokens."""
@@ -146,7 +149,8 @@ def build_mixed(lm: CausalLM, ctx: int, max_batch: int, max_chunk: int, kv_dtype
     positions = g.input("positions", (batch,), dt.int32)
     chunk_tokens = g.input("chunk", (chunk,), dt.int32)
     names = [s.name for s in specs]
-    kv = MixedKV(g, names, row_shape, ctx, max_batch, batch, chunk, start, keys, positions, specs[0].dtype)
+    kv = MixedKV(g, names, row_shape, ctx, max_batch, batch, chunk, start, keys, positions, specs[0].dtype,
+                 head_major)
     hidden = forward(lm, g, concatenate([tokens, chunk_tokens], 0), kv)
     wanted = concatenate([hidden[:batch], hidden[sym.add(sym.add(batch, chunk), -1):]], 0)  # [B + 1, hidden]
     logits = lm.lm_head(g, wanted)
@@ -162,7 +166,7 @@ class MixedStep:
         t0 = time.perf_counter()
         if kv_dtype is None:  # the caches it shares with the batched step
             kv_dtype = next(iter(batched.caches.values())).dtype.name
-        g, outputs, names = build_mixed(lm, batched.ctx, batched.max_batch, max_chunk, kv_dtype)
+        g, outputs, names = build_mixed(lm, batched.ctx, batched.max_batch, max_chunk, kv_dtype, batched.head_major)
         if names != batched.names:
             raise ValueError("the mixed step's caches differ from the batched step's")
         self.program = g.compile(outputs, backend=backend, donate=names, **options)

@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..models.base import CompiledLM
+from ..models.base import CACHE_ROW_AXIS, CompiledLM
 from ..prefix_cache import PrefixCache
 from ..row_step import RowStep
 from ..structured import MaskWorker
@@ -128,7 +128,7 @@ class Engine:
         self.chunks = ChunkPolicy(step.max_chunk, prefill_chunk)
         self.step, self.stepper = step, stepper
         # rows are reused by position, so every cache must hold one row per position of the slot
-        self.row_axis = getattr(step, "cache_row_axis", 0)
+        self.row_axis = CACHE_ROW_AXIS[step.kv_update] if hasattr(step, "kv_update") else 0
         fits = all(a.ndim > self.row_axis and a.shape[self.row_axis] == stepper.ctx for a in caches.values())
         self.prefix_cache = prefix_cache if fits else None
         self.ctx, self.max_batch, self.max_queue = stepper.ctx, stepper.max_batch, max_queue

@@ -30,9 +30,9 @@ returns the logits and the updated caches. How the cache is updated (``kv_update
   contiguous run instead of ``head_dim`` of every ``kv_heads * head_dim`` elements (SmolLM2's
   decode attention at position 512 took 0.6x the time, benchmarks/README.md); the graph
   scatters the new rows into the donated caches in place, as ``"scatter"`` does, and
-  outputs the caches. The positions are axis 1 (``CompiledLM.cache_row_axis``).
-  The batched engine's steps (lightspeed.engine) share the single-sequence program's caches
-  as row ranges of ``[slots * ctx, ...]`` arrays and need ``"rows"``.
+  outputs the caches. The positions are axis 1 (``CompiledLM.cache_row_axis``). The
+  serving engine's batched steps (lightspeed.engine.batched, ``head_major``) take the same
+  layout, so they share these caches slot by slot.
 
 To add a family (Gemma, ...): subclass ``ModelConfig`` with its hyper-parameters,
 subclass ``CausalLM`` with ``from_gguf`` / ``from_folder`` constructors and the three

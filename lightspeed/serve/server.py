@@ -88,11 +88,9 @@ def build_state(opts: ServeOptions):
         set_num_threads(opts.threads)
     t0 = time.perf_counter()
     options = activation_options(opts.activations)
-    # the batched steps share the prefill step's caches as row ranges: position-major, compiled once
-    layout = {"kv_update": "rows"} if opts.tensor_parallel == opts.pipeline_parallel == 1 else {}
     model = load(opts.model, ctx=opts.context, quant=opts.quant, backend=opts.backend, progress=False, **options,
                  **kv_cache_options(opts.kv_cache), tensor_parallel=opts.tensor_parallel,
-                 pipeline_parallel=opts.pipeline_parallel, **layout)
+                 pipeline_parallel=opts.pipeline_parallel)
     _log(f"loaded {model.path} in {time.perf_counter() - t0:.1f} s (context {model.step.ctx} tokens)")
     if opts.pipeline_parallel > 1:  # stage 0 of a pipeline: its calls mirrored on the other stages
         engine = pipeline_engine(model, opts.max_batch, backend=opts.backend, options=options,
