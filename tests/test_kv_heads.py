@@ -31,17 +31,15 @@ SPLIT = 6
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
+    """A random tiny Llama file (2 KV heads, so the two layouts differ)."""
     path = tmp_path_factory.mktemp("kvheads") / "tiny.gguf"
     write_tiny_llama(path, seed=5)
     return path
 
 
 @pytest.fixture(scope="module")
-def lm(tiny, tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ls_cache_kvheads"))
-    yield load_model(tiny)
-    mp.undo()
+def lm(tiny):
+    return load_model(tiny)
 
 
 @pytest.fixture(scope="module")
