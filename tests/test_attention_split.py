@@ -90,22 +90,24 @@ def test_odd_head_and_value_sizes():
     check(*build(d=12, dv=20), POSITIONS, d=12, dv=20)
 
 
-@pytest.mark.parametrize("rep,d,dv", [(1, 64, 64), (2, 32, 48), (3, 16, 40), (3, 256, 256)])
+@pytest.mark.parametrize("rep,d,dv", [(1, 64, 64), (2, 32, 48), (3, 16, 40), (3, 256, 256), (4, 64, 64),
+                                      (5, 16, 40), (6, 64, 48)])
 def test_every_few_rows_count_and_value_width(rep, d, dv):
-    """The few-rows path is rendered per row count (1-3 query rows of a KV head) and takes the value columns
-    in groups of up to 4 vectors (48 columns: 2 groups of 3, 40: 5 of 1; Gemma's 256: 8 of 4)."""
+    """The few-rows path is rendered per row count (1-3 query rows of a KV head, 1-6 where the target has
+    AVX-512's 32 vector registers; more take the register tiles) and takes the value columns in groups of up to
+    4 vectors (48 columns: 2 groups of 3, 40: 5 of 1; Gemma's 256: 8 of 4)."""
     check(*build(d=d, dv=dv, rep=rep, kv_dtype=ls.float16), POSITIONS[:6], kv_dtype=np.float16, d=d, dv=dv,
           rep=rep)
 
 
-@pytest.mark.parametrize("rep", [4, 9, 12])
+@pytest.mark.parametrize("rep", [7, 9, 12])
 def test_rows_of_a_register_tile_split_too(rep):
     """More query rows a KV head than the few-rows path takes (a short prompt's rows over a long context, a
     prefill chunk riding on a decode step): the register-tile path splits its keys as well, up to a work item's
     row block, so two threads share the parts instead of taking a KV head each."""
-    from lightspeed.backend.c.attention import FEW_ROWS, ROWS
+    from lightspeed.backend.c.attention import FEW_ROWS, FEW_ROWS_WIDE, ROWS
     from lightspeed.kernel.attention import SPLIT_ROWS
-    assert FEW_ROWS <= rep <= min(SPLIT_ROWS, ROWS)
+    assert max(FEW_ROWS, FEW_ROWS_WIDE) <= rep <= min(SPLIT_ROWS, ROWS)
     prog = check(*build(kv_dtype=ls.float16, rep=rep), POSITIONS, kv_dtype=np.float16, rep=rep)
     assert f"(NI <= {min(SPLIT_ROWS, ROWS)} && NJ > {PK})" in prog.executor.source
 
