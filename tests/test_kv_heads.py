@@ -66,6 +66,9 @@ def test_default_layout_by_backend(lm, steps):
     assert default_kv_update("cuda") == "rows"
     heads, rows = steps["heads"], steps["rows"]
     assert heads.cache_row_axis == 1 and rows.cache_row_axis == 0
+    # a backend that returns new arrays for donated inputs would leave the caller's caches stale
+    with pytest.raises(ValueError, match="kv_update='heads' needs a backend .* not 'reference'"):
+        lm.compile(CTX, max_chunk=8, kv_update="heads", backend="reference")
     c = lm.config
     assert {s.shape for s in heads.cache_specs} == {(c.n_kv_heads, CTX, c.head_dim)}
     assert {s.shape for s in rows.cache_specs} == {(CTX, c.n_kv_heads, c.head_dim)}

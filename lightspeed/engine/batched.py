@@ -44,7 +44,8 @@ from .. import dtypes as dt
 from .. import symbolic as sym
 from ..frontend import rms_norm, rope, scaled_dot_product_attention
 from ..graph import Graph
-from ..models.base import DEFAULT_KV_DTYPE, CausalLM, default_kv_dtype, default_kv_update, with_kv_dtype
+from ..models.base import (DEFAULT_KV_DTYPE, CausalLM, default_kv_dtype, default_kv_update, scatter_head_major,
+                           with_kv_dtype)
 from ..models.llama import Llama
 from ..tensor import Tensor
 
@@ -73,13 +74,7 @@ def scatter_rows(cache: Tensor, base: Tensor, rows: Tensor, ctx: int, head_major
     if not head_major:
         updated = cache.scatter(base, rows)
         return updated, updated.reshape((cache.shape[0] // ctx, ctx) + tuple(cache.shape[1:]))
-    slots, heads = cache.shape[:2]
-    rest = tuple(cache.shape[3:])
-    n = rows.shape[0]
-    flat = cache.reshape((slots * heads * ctx,) + rest)
-    index = base.reshape((n, 1)) + (cache.graph.iota(heads) * ctx).reshape((1, heads))   # [n, kv_heads]
-    updated = flat.scatter(index.reshape((sym.mul(n, heads),)), rows.reshape((sym.mul(n, heads),) + rest))
-    updated = updated.reshape(cache.shape)
+    updated = scatter_head_major(cache, base, rows, ctx)
     return updated, updated.permute(0, 2, 1, *range(3, cache.ndim))
 
 

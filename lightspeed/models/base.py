@@ -130,6 +130,18 @@ def head_major(specs: list[CacheSpec]) -> list[CacheSpec]:
     return [dataclasses.replace(s, shape=(s.shape[1], s.shape[0]) + s.shape[2:]) for s in specs]
 
 
+def scatter_head_major(cache: Tensor, base: Tensor, rows: Tensor, ctx: int) -> Tensor:
+    """Head-major ``cache`` (``[..., kv_heads, ctx, *rest]``) with ``rows [n, kv_heads, *rest]`` written: row ``i``'s
+    head ``h`` at row ``base[i] + h * ctx`` of the cache seen as ``[..., *rest]`` (``base``: the position, plus the
+    slot's offset in a batched cache). One Scatter over a contiguous view of the cache, which writes a donated
+    cache in place; returns the updated cache in ``cache``'s shape."""
+    n, heads, rest = rows.shape[0], rows.shape[1], tuple(rows.shape[2:])
+    flat = cache.reshape((-1,) + rest)
+    index = base.reshape((n, 1)) + (cache.graph.iota(heads) * ctx).reshape((1, heads))   # [n, kv_heads]
+    count = sym.mul(n, heads)
+    return flat.scatter(index.reshape((count,)), rows.reshape((count,) + rest)).reshape(cache.shape)
+
+
 def with_kv_dtype(specs: list[CacheSpec], kv_dtype: "str | dt.DType") -> list[CacheSpec]:
     """``specs`` stored as ``kv_dtype`` (see ``KV_DTYPES``)."""
     d = kv_dtype_of(kv_dtype)
@@ -168,14 +180,7 @@ class KVAppend:
         compute = rows.dtype
         rows = rows.cast(cache.dtype)
         if self.mode == "heads":
-            # row (h, p) of the [heads * ctx, ...] view is head h's row at position p: the new rows of
-            # every head are scattered in one node, which writes the donated cache in place
-            heads, ctx = cache.shape[:2]
-            flat = cache.reshape(heads * ctx, *cache.shape[2:])
-            index = (arange(self.g, heads) * ctx).reshape(heads, 1) + self.positions.reshape(1, self.seq)
-            src = rows.permute(1, 0, *range(2, rows.ndim)).contiguous()
-            updated = flat.scatter(index.reshape(heads * self.seq), src.reshape(heads * self.seq, *rows.shape[2:]))
-            updated = updated.reshape(cache.shape)
+            updated = scatter_head_major(cache, self.positions, rows, cache.shape[1])
             self.outputs[name] = updated
             every = updated.shrink([None, (0, self.total)] + rest[1:])
             return every.permute(1, 0, *range(2, cache.ndim)).cast(compute)
@@ -253,6 +258,10 @@ class CausalLM(ABC):
         ``default_kv_update(backend)`` says unless ``kv_update`` is given."""
         if kv_update is None:
             kv_update = default_kv_update(backend)
+        if kv_update == "heads" and backend != "c":
+            # run() and the engine keep the caches they pass in: the program must update them in place
+            raise ValueError(f"kv_update='heads' needs a backend that updates the donated caches in place (c), "
+                             f"not {backend!r}; use kv_update='rows' or 'scatter'")
         if kv_dtype is None:
             kv_dtype = default_kv_dtype(backend)
         if backend == "c" and "activations" not in options and not options.get("int8_activations"):
@@ -332,7 +341,7 @@ class CompiledLM:
             return step.run(ids_in, {"pos": pos}, pos)[0], caches
         outs = self.program(dims={"pos": pos}, tokens=ids, **caches)  # heads: refuses what it cannot update
         if self.kv_update == "heads":
-            return outs[0], {s.name: o for s, o in zip(self.cache_specs, outs[1:])}
+            return outs[0], caches
         for s, rows in zip(self.cache_specs, outs[1:]):
             caches[s.name][pos:pos + n] = rows
         return outs[0], caches
