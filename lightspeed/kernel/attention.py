@@ -177,29 +177,45 @@ class StreamingAttention:
     inlined: set[int] = field(default_factory=set)
     forced: set[int] = field(default_factory=set)
 
+    @property
+    def inner_nodes(self) -> list[Node]:
+        """The softmax's nodes (and a safe softmax's row predicate): what the kernel computes below ``node``."""
+        return self.chain.inner
+
+    @property
+    def score_nodes(self) -> tuple[Node, ...]:
+        return (self.chain.x,)
+
     def kernels(self, former, n: Node, buf: ir.Buffer, name: str, vars_) -> list[ir.Kernel]:
         j = _var("kj", self.keys)
         idx = _indices(self.chain, list(vars_), j)
         assert idx is not None, "attention indices were proven at match time"
         score = former._read(self.chain.x, ShapeTracker.contiguous(self.chain.x.shape), idx.x)
         value = former._read(self.chain.v, self.chain.v_st, idx.full)
-        split = key_split(n.shape, self.keys, self.width)
-        # the score with index-valued buffers read as the index expressions they hold: the IR the mask is
-        # proven from (kernel/index_values.py); it only ever reads buffers the score reads
-        masks = simplify(score, _index_loads(former))
-        tmpl = AttentionKernel(score, value, j, self.keys, self.chain.c, vars_[-2], vars_[-1], self.width, split,
-                               zero_empty_rows=self.chain.rows is not None,
-                               mask_score=None if masks is score else masks)
-        reads = []
-        for root in (score, value):
-            for x in root.walk():
-                if isinstance(x, (ir.Load, ir.Bytes)) and x.buf not in reads:
-                    reads.append(x.buf)
-        zero = ir.Const(0, dt.float32)
-        kern = ir.Kernel(name, buf, n.shape, tuple(vars_), zero, "attention", template=tmpl, template_reads=reads)
-        if split is not None:
-            kern.scratch = [ir.Buffer("temp", dt.float32, (), f"parts{n.id}", nbytes=split.nbytes)]
-        return [kern]
+        return attention_kernels(former, n, buf, name, vars_, score, value, j, self.keys, self.chain.c, self.width,
+                                 zero_empty_rows=self.chain.rows is not None)
+
+
+def attention_kernels(former, n: Node, buf: ir.Buffer, name: str, vars_, score: ir.IR, value: ir.IR, j: sym.Var,
+                      keys: sym.sint, c: float, width: int, zero_empty_rows: bool = False) -> list[ir.Kernel]:
+    """The streaming attention kernel storing ``n``: out[.., i, e] = sum_j softmax_j(score) * value, the softmax
+    being exp2((score - max_j score) * c) normalised; ``score`` and ``value`` are IR over ``vars_`` and ``j``."""
+    split = key_split(n.shape, keys, width)
+    # the score with index-valued buffers read as the index expressions they hold: the IR the mask is
+    # proven from (kernel/index_values.py); it only ever reads buffers the score reads
+    masks = simplify(score, _index_loads(former))
+    tmpl = AttentionKernel(score, value, j, keys, c, vars_[-2], vars_[-1], width, split,
+                           zero_empty_rows=zero_empty_rows, mask_score=None if masks is score else masks)
+    reads = []
+    for root in (score, value):
+        for x in root.walk():
+            if isinstance(x, (ir.Load, ir.Bytes)) and x.buf not in reads:
+                reads.append(x.buf)
+    zero = ir.Const(0, dt.float32)
+    kern = ir.Kernel(name, buf, n.shape, tuple(vars_), zero, "attention", template=tmpl, template_reads=reads)
+    if split is not None:
+        kern.scratch = [ir.Buffer("temp", dt.float32, (), f"parts{n.id}", nbytes=split.nbytes)]
+    return [kern]
 
 
 INDEX_DTYPES = (dt.int32, dt.int64, dt.bool_)
@@ -319,20 +335,26 @@ def match_attention(former) -> list[StreamingAttention]:
                 continue
             ch.inner = list({n.id: n for n in ch.inner + ch.rows.nodes}.values())
         found.append(StreamingAttention(r, ch, keys, int(r.shape[-1])))
-    # which nodes only these kernels read is decided for all of them together: a causal mask shared
-    # by every layer's attention is private to the set, not to any one of them
+    settle_private(former, found)
+    return found
+
+
+def settle_private(former, found: list) -> None:
+    """Set ``inlined`` of the attentions ``found`` (objects with ``node``, ``keys``, ``inner_nodes`` and
+    ``score_nodes``): which nodes only these kernels read is decided for all of them together (a causal mask
+    shared by every layer's attention is private to the set, not to any one of them); an attention whose
+    inner nodes something else reads is left with none (kernel formation then does not lower it)."""
     ok = list(found)
     while ok:
-        private = _private_nodes(former, ok)
+        private = private_nodes(former, ok)
         lowered = {a.node.id for a in found}
         bad = [a for a in ok if any(u.id not in private and u.id not in lowered
-                                    for n in a.chain.inner for u, _ in former.consumers.get(n.id, []))]
+                                    for n in a.inner_nodes for u, _ in former.consumers.get(n.id, []))]
         if not bad:
             for a in ok:
                 a.inlined = private
             break
         ok = [a for a in ok if a not in bad]
-    return found
 
 
 COSTLY_OPS = (Op.SUM_REDUCE, Op.MAX_REDUCE, Op.SIN, Op.EXP2, Op.LOG2, Op.SQRT)
@@ -355,20 +377,20 @@ def _costly(n: Node, limit: int = 4096) -> bool:
     return len(seen) >= limit
 
 
-def _private_nodes(former, atts: list[StreamingAttention]) -> set[int]:
+def private_nodes(former, atts: list) -> set[int]:
     """Nodes only these kernels read: the softmax's nodes, and the nodes of the scores at least as large
     as a seq x seq score matrix (what a materialising plan would store)."""
     outputs = {n.id for n in former.outputs}
     private: set[int] = set()
     candidates: dict[int, Node] = {}
     for a in atts:
-        ch = a.chain
-        private |= {n.id for n in ch.inner}
-        big = _numel(ch.r.shape[-2:-1]) * max(sym.upper_bound(a.keys), 1)
+        private |= {n.id for n in a.inner_nodes}
+        big = _numel(a.node.shape[-2:-1]) * max(sym.upper_bound(a.keys), 1)
         # below the scores' own reduction (q . k over the head width), what is costly to compute (a projection,
         # a rotation) is stored once rather than recomputed for every score: the queries are as large as the
         # scores when the head width equals the number of keys
-        stack = [(ch.x, False)]
+        scores = {x.id for x in a.score_nodes}
+        stack = [(x, False) for x in a.score_nodes]
         while stack:
             n, below = stack.pop()
             if n.id in candidates or n.op in (Op.INPUT, Op.CONST):
@@ -376,7 +398,7 @@ def _private_nodes(former, atts: list[StreamingAttention]) -> set[int]:
             reduces = n.op in (Op.SUM_REDUCE, Op.MAX_REDUCE)
             if below and _costly(n):
                 continue
-            if n is ch.x or _numel(n.shape) >= big:
+            if n.id in scores or _numel(n.shape) >= big:
                 candidates[n.id] = n
                 stack.extend((s, below or reduces) for s, _ in n.srcs)
     # consumers come later in topological order: decide from the last node back

@@ -92,8 +92,8 @@ def alternatives_of(former) -> list[Alternative]:
     for q in former.quantized.values():
         stop = {q.x.id, q.raw.id}
         found.append(region_of("qmatmul", q.reduce, lambda s, stop=stop: s.id not in stop and s.op is not Op.INPUT))
-    for low in former.lowered.values():  # (LOWERED_MATCHERS holds the streaming attention only)
-        inner = {n.id for n in low.chain.inner} | set(low.inlined)  # the softmax, the private scores
+    for low in former.lowered.values():  # (LOWERED_MATCHERS: streaming attentions, matched or derived)
+        inner = {n.id for n in low.inner_nodes} | set(low.inlined)  # the softmax, the private scores
         found.append(region_of("attention", low.node, lambda s, inner=inner: s.id in inner))
     order = {n.id: k for k, n in enumerate(program.nodes)}
     found.sort(key=lambda a: order.get(a.root.id, -1))
