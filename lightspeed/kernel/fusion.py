@@ -28,8 +28,10 @@ from .quantized import (QuantizedMatmul, activation_mode, activation_scratch_lay
 # the lowered kernel reads: never materialised), ``forced`` (node ids it needs as buffers) and
 # ``kernels(former, node, buf, name, vars_)``. See kernel/attention.py.
 from .attention import match_attention  # noqa: E402
+from .attention_derived import match_derived_attention  # noqa: E402
 
-LOWERED_MATCHERS = [match_attention]
+# the pattern first (cheap); the e-graph's derivation for the attentions it does not match
+LOWERED_MATCHERS = [match_attention, match_derived_attention]
 
 # Heuristic thresholds (a schedule search may tune these later).
 RECOMPUTE_MAX_COST = 12  # a value read by several kernels is recomputed when cheaper than this

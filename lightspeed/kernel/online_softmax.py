@@ -1,0 +1,309 @@
+"""Streaming attention derived by an e-graph: a node's value in the key-vector language, rewritten by rules.
+
+``kernel/attention.py`` recognises one formulation of softmax(scores) @ V. This module recognises the
+computation instead of a formulation: a node is translated, at a symbolic output index, into the key-vector
+language of ``search/egraph/rules/online.egg`` (every value there is a function of one key index ``j``, or
+a scalar that does not depend on it), and egglog rewrites it with the identities online softmax rests on:
+the softmax's normaliser taken out of the weighted sum, sums and maxima split into blocks of keys, and the
+rescaling 2^((a - M)c) = 2^((a - m)c) 2^((m - M)c) at each block's max. When the node's e-class then holds
+the blocked form the streaming kernel computes, the node is that kernel, with the score and value terms
+the e-graph found; whatever the formulation (normalised before or after the weighted sum, the scale on
+both terms, a log-sum-exp), as long as the rules reach it.
+
+The translation follows views with index arithmetic (``attention_index.index_through``): a node read at
+an index is an elementwise float32 op of its sources read at theirs, a sum or max over an axis whose
+length is the number of keys (the key index takes that axis; the reduction's own index must not use the
+key), or otherwise a leaf ``(At k)``: that node's value at that index, computed or loaded as kernel
+formation does. Two leaves are the same term only when they read the same node at the same index, so
+the max, the sum and the weighted sum agree on the score element by construction.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import dtypes as dt
+from .. import symbolic as sym
+from ..graph import ArrayConst, Node
+from ..ops import Op
+from ..shape import ShapeTracker
+from . import ir
+from .attention_index import index_through
+
+RULES = Path(__file__).resolve().parent.parent / "search" / "egraph" / "rules" / "online.egg"
+ELEMENTWISE = {Op.ADD: "Add", Op.MUL: "Mul", Op.RECIP: "Recip", Op.EXP2: "Exp2", Op.LOG2: "Log2", Op.SQRT: "Sqrt"}
+NAME_OPS = {v: k for k, v in ELEMENTWISE.items()}
+REDUCTIONS = {Op.SUM_REDUCE: "KSum", Op.MAX_REDUCE: "KMax"}
+MAX_TERMS = 256  # a larger translation is not a softmax-weighted sum worth the rewriting
+MAX_ITERATIONS = 16  # the rules reach the blocked form in 8 iterations on every formulation tested
+MAX_ENODES = 20_000
+
+
+def _bits(v: float) -> int:
+    return int(np.array(v, dtype=np.float32).view(np.uint32))
+
+
+def _float(bits: int) -> float:
+    return float(np.array(bits, dtype=np.uint32).view(np.float32))
+
+
+@dataclass
+class KeyTerms:
+    """A node's value at ``index`` as a term of the key-vector language, and what the term refers to."""
+
+    text: str  # the root's term
+    leaves: list[tuple[Node, tuple]] = field(default_factory=list)  # (At k): node k read at index k
+    scalar: set[int] = field(default_factory=set)  # leaves whose index does not use the key
+    inner: dict[int, Node] = field(default_factory=dict)  # nodes translated as ops (the root included)
+
+
+def _uses(idx, var: sym.Var) -> bool:
+    return any(var in sym.free_vars(x) for x in idx)
+
+
+def _scalar_const(n: Node) -> bool:
+    return n.op is Op.CONST and not isinstance(n.arg, ArrayConst) and n.dtype is dt.float32 and not n.shape
+
+
+class _Translator:
+    def __init__(self, keys: sym.sint, j: sym.Var):
+        self.keys, self.j = keys, j
+        self.terms: dict[tuple, str] = {}
+        self.out = KeyTerms("")
+
+    def leaf(self, n: Node, idx) -> str:
+        k = len(self.out.leaves)
+        self.out.leaves.append((n, tuple(idx)))
+        if not _uses(idx, self.j):
+            self.out.scalar.add(k)
+        return f"(At {k})"
+
+    def term(self, n: Node, idx) -> str:
+        key = (n.id, tuple(str(x) for x in idx))
+        t = self.terms.get(key)
+        if t is None:
+            if len(self.terms) >= MAX_TERMS:
+                raise _TooLarge
+            t = self.terms[key] = self._term(n, list(idx))
+        return t
+
+    def _term(self, n: Node, idx) -> str:
+        if _scalar_const(n):
+            return f"(Num {_bits(n.arg)})"
+        if n.dtype is not dt.float32 or any(s.dtype is not dt.float32 for s, _ in n.srcs):
+            return self.leaf(n, idx)
+        if n.op in ELEMENTWISE or n.op is Op.CONTIGUOUS:
+            args = []
+            for s, st in n.srcs:
+                sidx = index_through(st, idx, s)
+                if sidx is None:  # (a padded view: the op does not commute with its zeros)
+                    return self.leaf(n, idx)
+                args.append(self.term(s, sidx))
+            self.out.inner[n.id] = n
+            return args[0] if n.op is Op.CONTIGUOUS else f"({ELEMENTWISE[n.op]} {' '.join(args)})"
+        if n.op in REDUCTIONS:
+            src, st = n.srcs[0]
+            if not sym.same(st.shape[n.arg], self.keys) or _uses(idx, self.j):
+                return self.leaf(n, idx)
+            full = list(idx)
+            full.insert(n.arg, self.j)
+            sidx = index_through(st, full, src)
+            if sidx is None or not _uses(sidx, self.j):
+                return self.leaf(n, idx)
+            body = self.term(src, sidx)
+            self.out.inner[n.id] = n
+            return f"({REDUCTIONS[n.op]} {body})"
+        return self.leaf(n, idx)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def translate(n: Node, index, keys: sym.sint, j: sym.Var) -> KeyTerms | None:
+    """``n`` at ``index`` in the key-vector language, reductions over ``keys`` keys taking the key index
+    ``j``; None past ``MAX_TERMS`` terms."""
+    tr = _Translator(keys, j)
+    try:
+        tr.out.text = tr.term(n, index)
+    except _TooLarge:
+        return None
+    return tr.out
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """What the e-graph found: the node is sum_j softmax_j(score) * value, exp2((score - max) * scale)."""
+
+    score: tuple  # a term as nested tuples: ("At", k), ("Num", bits), (op name, args...)
+    value: tuple
+    scale: float  # NaN where the scale is not a constant (the kernel needs one)
+    iterations: int
+    enodes: int
+    matches: tuple[tuple[str, int], ...]  # rule text, matches applied
+
+
+def _parse(text: str):
+    """An egglog term (s-expression) as nested tuples; integers as ints."""
+    tokens = text.replace("(", " ( ").replace(")", " ) ").split()
+    pos = 0
+
+    def item():
+        nonlocal pos
+        tok = tokens[pos]
+        pos += 1
+        if tok != "(":
+            return int(tok) if tok.lstrip("-").isdigit() else tok
+        out = []
+        while tokens[pos] != ")":
+            out.append(item())
+        pos += 1
+        return tuple(out)
+    return item()
+
+
+def _egglog():
+    try:
+        from egglog import bindings
+    except ImportError:  # pragma: no cover - egglog is a dependency; without it only the matcher runs
+        return None
+    return bindings
+
+
+def derive(terms: KeyTerms, max_iterations: int = MAX_ITERATIONS, extra_rules: str = "") -> Derivation | None:
+    """Rewrite ``terms`` with the rules of ``online.egg`` (and ``extra_rules``, egglog text in the ``online``
+    rule set) until its root's e-class holds the blocked online-softmax form, or until saturation or a
+    limit (None). The score and value terms found (smallest first) are checked on random values against
+    the translation itself (``agrees``): a derivation that does not compute it is refused (None)."""
+    bindings = _egglog()
+    if bindings is None:
+        return None
+    eg = bindings.EGraph()
+    facts = [f"(set (Root 0) {terms.text})"] + [f"(Scalar (At {k}))" for k in sorted(terms.scalar)]
+    eg.run_program(*eg.parse_program(RULES.read_text() + "\n" + extra_rules + "\n" + "\n".join(facts)))
+    matches: dict[str, int] = {}
+    for it in range(1, max_iterations + 1):
+        updated = False
+        for o in eg.run_program(*eg.parse_program("(run online 1)")):
+            report = getattr(o, "report", None)
+            if report is not None:
+                updated |= bool(report.updated)
+                for rule, count in (getattr(report, "num_matches_per_rule", None) or {}).items():
+                    matches[rule] = matches.get(rule, 0) + int(count)
+        found = _found(eg)
+        if found is not None:
+            score, value, scale = found
+            d = Derivation(score, value, scale, it, _size(eg), tuple(sorted(matches.items())))
+            return d if agrees(d, terms) else None
+        if not updated or _size(eg) >= MAX_ENODES:
+            return None
+    return None
+
+
+def _found(eg):
+    try:
+        out = eg.run_program(*eg.parse_program("(extract (StreamScore))\n(extract (StreamValue))\n"
+                                               "(extract (StreamScale))"))
+    except Exception:  # egglog raises its own error for a function with no value yet: not derived
+        return None
+    score, value, scale = (_parse(o.termdag.to_string(o.term)) for o in out[-3:])
+    return score, value, constant_value(scale)
+
+
+def constant_value(term) -> float:
+    """The float32 value of a term of constants and elementwise ops (NaN when it reads a leaf)."""
+    if term[0] == "Num":
+        return _float(term[1])
+    if term[0] not in NAME_OPS:
+        return math.nan
+    args = [np.float32(constant_value(a)) for a in term[1:]]
+    op = NAME_OPS[term[0]]
+    with np.errstate(all="ignore"):
+        if op is Op.ADD:
+            return float(args[0] + args[1])
+        if op is Op.MUL:
+            return float(args[0] * args[1])
+        if op is Op.RECIP:
+            return float(np.float32(1) / args[0])
+        if op is Op.EXP2:
+            return float(np.exp2(args[0]))
+        if op is Op.LOG2:
+            return float(np.log2(args[0]))
+        return float(np.sqrt(args[0]))
+
+
+def _size(eg) -> int:
+    return sum(c for o in eg.run_program(*eg.parse_program("(print-size)")) for _, c in (getattr(o, "sizes", []) or []))
+
+
+def elementwise_only(term) -> bool:
+    """Whether a term is made of leaves, constants and elementwise ops (what a kernel can compute per key)."""
+    if term[0] in ("At", "Num"):
+        return True
+    return term[0] in NAME_OPS and all(elementwise_only(a) for a in term[1:])
+
+
+def leaves_of(term) -> list[int]:
+    if term[0] == "At":
+        return [term[1]]
+    if term[0] == "Num":
+        return []
+    return [k for a in term[1:] for k in leaves_of(a)]
+
+
+def term_ir(former, term, leaves: list[tuple[Node, tuple]]) -> ir.IR:
+    """The IR of an elementwise term, its leaves read as kernel formation reads nodes (a buffer's load, or
+    the node computed in place)."""
+    if term[0] == "At":
+        n, idx = leaves[term[1]]
+        return former._read(n, ShapeTracker.contiguous(n.shape), list(idx))
+    if term[0] == "Num":
+        return ir.Const(_float(term[1]), dt.float32)
+    return ir.Alu(NAME_OPS[term[0]], tuple(term_ir(former, a, leaves) for a in term[1:]), dt.float32)
+
+
+CHECK_KEYS = (1, 6, 37)  # key counts the check draws values for (one key: a single block)
+CHECK_RTOL = 1e-6
+
+
+def _value(term, leaves: dict[int, np.ndarray], keys: int):
+    head = term[0]
+    if head == "At":
+        return leaves[term[1]]
+    if head == "Num":
+        return np.float64(_float(term[1]))
+    if head in ("KSum", "KMax"):
+        body = np.broadcast_to(_value(term[1], leaves, keys), (keys,))
+        return body.sum() if head == "KSum" else body.max()
+    args = [_value(a, leaves, keys) for a in term[1:]]
+    op = NAME_OPS[head]
+    if op is Op.ADD:
+        return args[0] + args[1]
+    if op is Op.MUL:
+        return args[0] * args[1]
+    return {Op.RECIP: lambda a: 1 / a, Op.EXP2: np.exp2, Op.LOG2: np.log2, Op.SQRT: np.sqrt}[op](args[0])
+
+
+def agrees(d: Derivation, terms: KeyTerms, seed: int = 0) -> bool:
+    """Whether ``d`` computes what ``terms`` computes, in float64 on random leaf values (a key vector for a
+    leaf that depends on the key, else a scalar) for each of ``CHECK_KEYS`` key counts: a planted or
+    mistaken rule that reaches the blocked form with the wrong score, value or scale is caught here."""
+    if not math.isfinite(d.scale):
+        return False
+    rng = np.random.default_rng(seed)
+    root = _parse(terms.text)
+    with np.errstate(all="ignore"):
+        for keys in CHECK_KEYS:
+            leaves = {k: (rng.uniform(0.25, 2.0) if k in terms.scalar else rng.uniform(0.25, 2.0, keys))
+                      for k in range(len(terms.leaves))}
+            want = _value(root, leaves, keys)
+            score = np.broadcast_to(_value(d.score, leaves, keys), (keys,))
+            value = np.broadcast_to(_value(d.value, leaves, keys), (keys,))
+            w = np.exp2((score - score.max()) * d.scale)
+            got = (w * value).sum() / w.sum()
+            if np.ndim(want) != 0 or not np.isclose(got, want, rtol=CHECK_RTOL, atol=0):
+                return False
+    return True

@@ -1,0 +1,190 @@
+"""Streaming attention derived by the e-graph's online-softmax rules where the hand pattern does not match.
+
+``kernel/attention.py`` matches one formulation (the softmax's weights, then the weighted sum). These
+formulations compute the same thing another way; the pattern finds none of them, and the e-graph
+(``kernel/online_softmax.py``, ``search/egraph/rules/online.egg``) rewrites each into the blocked
+online-softmax form the streaming kernel computes. Checks: the pattern alone finds nothing, the derived
+kernel is formed, values agree with the reference interpreter, no seq x seq buffer at 2048 keys,
+look-alikes that are not attention are left alone, and a planted wrong rule is refused by the check.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import lightspeed as ls
+from lightspeed import frontend as F
+from lightspeed.graph import Program
+from lightspeed.kernel import ir
+from lightspeed.kernel.attention import match_attention
+from lightspeed.kernel.attention_derived import DerivedAttention, match_derived_attention
+from lightspeed.kernel.fusion import Former
+from lightspeed.kernel.online_softmax import derive, translate
+
+pytest.importorskip("egglog")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LIGHTSPEED_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "ls_cache_derived"))
+
+
+def _scores(q, k, mask=None):
+    s = q @ k.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]))
+    return s if mask is None else s + mask
+
+
+def deferred(q, k, v, mask=None):
+    """Normalised after the weighted sum: (e @ v) / sum(e), as flash-style code writes it."""
+    s = _scores(q, k, mask)
+    e = F.exp(s - s.max(-1, keepdim=True))
+    return (e @ v) / e.sum(-1, keepdim=True)
+
+
+def broadcast_product(q, k, v, mask=None):
+    """The weighted sum as a broadcast product summed over keys, normalised inside the sum."""
+    s = _scores(q, k, mask)
+    e = F.exp(s - s.max(-1, keepdim=True))
+    return ((e.unsqueeze(-1) * v.unsqueeze(-3)) / e.sum(-1, keepdim=True).unsqueeze(-1)).sum(-2)
+
+
+def scale_on_both_terms(q, k, v, mask=None):
+    """exp(s*c - max(s)*c): the scale multiplied into both terms instead of their difference."""
+    s = _scores(q, k, mask)
+    e = F.exp(s * 0.7 - s.max(-1, keepdim=True) * 0.7)
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def log_sum_exp(q, k, v, mask=None):
+    """Base-2 log-sum-exp: 2^(z - log2(sum 2^z)) with z = (s - max s) c, then the weighted sum."""
+    s = _scores(q, k, mask)
+    z = (s - s.max(-1, keepdim=True)) * 0.5
+    return (z - z.exp2().sum(-1, keepdim=True).log2()).exp2() @ v
+
+
+FORMS = [deferred, broadcast_product, scale_on_both_terms, log_sum_exp]
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _lowered(g, outs):
+    former = Former(Program.build(g, outs))
+    return former, list(former.lowered.values())
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda f: f.__name__)
+def test_formulations_the_pattern_misses_are_derived(form):
+    g = ls.Graph()
+    q, k, v = (g.input(n, (2, 19, 16)) for n in "qkv")
+    out = form(q, k, v)
+    former, lowered = _lowered(g, [out])
+    assert match_attention(former) == []  # the hand pattern does not see it
+    (low,) = lowered
+    assert isinstance(low, DerivedAttention) and low.node is out.node
+    d = low.derivation
+    assert d.scale > 0 and 1 <= d.iterations <= 16
+    assert any("(rewrite (KSum a) (BSum (PSum a))" in rule for rule, n in d.matches if n > 0)  # blocks were used
+    rng = np.random.default_rng(1)
+    inputs = {n: _rand(rng, 2, 19, 16) for n in "qkv"}
+    prog = g.compile([out], backend="c")
+    assert [kern.kind for kern in prog.executor.plan.kernels] == ["attention"]
+    want = g.compile([out], backend="reference")(**inputs)[0]
+    np.testing.assert_allclose(prog(**inputs)[0], want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("form", [deferred, log_sum_exp], ids=lambda f: f.__name__)
+def test_masks_and_grouped_heads(form):
+    """A causal mask added to the scores and two query heads per KV head (a broadcast view)."""
+    g = ls.Graph()
+    q = g.input("q", (2, 4, 7, 16))
+    k = g.input("k", (2, 2, 7, 16))
+    v = g.input("v", (2, 2, 7, 16))
+    mask = g.input("mask", (7, 7))
+    kk = k.unsqueeze(2).expand(2, 2, 2, 7, 16).reshape(2, 4, 7, 16)
+    vv = v.unsqueeze(2).expand(2, 2, 2, 7, 16).reshape(2, 4, 7, 16)
+    out = form(q, kk, vv, mask)
+    _, lowered = _lowered(g, [out])
+    assert [type(low) for low in lowered] == [DerivedAttention]
+    rng = np.random.default_rng(2)
+    causal = np.triu(np.full((7, 7), -np.inf, np.float32), 1)
+    inputs = {"q": _rand(rng, 2, 4, 7, 16), "k": _rand(rng, 2, 2, 7, 16), "v": _rand(rng, 2, 2, 7, 16),
+              "mask": causal}
+    prog = g.compile([out], backend="c")
+    assert "attention" in [kern.kind for kern in prog.executor.plan.kernels]
+    want = g.compile([out], backend="reference")(**inputs)[0]
+    np.testing.assert_allclose(prog(**inputs)[0], want, rtol=3e-5, atol=3e-6)
+
+
+def test_no_seq_by_seq_buffer_at_2048():
+    seq = ls.dim("seq", 1, 2048)
+    g = ls.Graph()
+    q, k, v = (g.input(n, (2, seq, 64)) for n in "qkv")
+    out = deferred(q, k, v)
+    streaming = g.compile([out], backend="c")
+    materialising = g.compile([out], backend="c", templates=False)
+    score_bytes = 2048 * 2048 * 4
+    assert [kern.kind for kern in streaming.executor.plan.kernels] == ["attention"]
+    assert streaming.arena_bytes < score_bytes // 64, streaming.arena_bytes
+    assert materialising.arena_bytes >= score_bytes  # what the derivation saves
+    rng = np.random.default_rng(3)
+    inputs = {n: _rand(rng, 2, 300, 64) for n in "qkv"}
+    want = g.compile([out], backend="reference")(**inputs)[0]
+    np.testing.assert_allclose(streaming(**inputs)[0], want, rtol=3e-5, atol=3e-6)
+
+
+def test_look_alikes_are_not_derived():
+    """No max shift (a different float program that overflows), a max over the query axis, a max of other
+    scores, and an exponential of the scores without the max: none is attention."""
+    g = ls.Graph()
+    q, k, v = (g.input(n, (2, 9, 8)) for n in "qkv")
+    s = q @ k.transpose(-1, -2)
+    no_shift = (s.exp() @ v) / s.exp().sum(-1, keepdim=True)
+    e = (s - s.max(-2, keepdim=True)).exp()
+    wrong_axis = (e @ v) / e.sum(-1, keepdim=True)
+    t = q @ q.transpose(-1, -2)
+    e2 = (s - t.max(-1, keepdim=True)).exp()
+    other_max = (e2 @ v) / e2.sum(-1, keepdim=True)
+    e3 = (s - s.max(-1, keepdim=True)).exp()
+    two_sums = (e3 @ v) / (e3 * 2).sum(-1, keepdim=True)  # normalised by twice the sum
+    rng = np.random.default_rng(4)
+    inputs = {n: _rand(rng, 2, 9, 8) for n in "qkv"}
+    for out in (no_shift, wrong_axis, other_max, two_sums):
+        _, lowered = _lowered(g, [out])
+        assert lowered == []
+        prog = g.compile([out], backend="c")
+        assert "attention" not in [kern.kind for kern in prog.executor.plan.kernels]
+        want = g.compile([out], backend="reference")(**inputs)[0]
+        np.testing.assert_allclose(prog(**inputs)[0], want, rtol=2e-5, atol=2e-6)
+
+
+def _terms(form):
+    g = ls.Graph()
+    q, k, v = (g.input(n, (2, 19, 16)) for n in "qkv")
+    out = form(q, k, v)
+    idx = [ir.loop_var(f"o{a}", s) for a, s in enumerate(out.shape)]
+    return translate(out.node, idx, 19, ir.loop_var("j", 19))
+
+
+def test_a_planted_wrong_rule_is_refused():
+    terms = _terms(deferred)
+    assert derive(terms) is not None
+    # a "recognition" that swaps the score and the value: it reaches the form, the check refuses it
+    planted = ("(rule ((= o (Root 0))) ((set (StreamScore) (At 1)) (set (StreamValue) (At 0)) "
+               "(set (StreamScale) (Num 1065353216))) :ruleset online)")
+    assert derive(terms, extra_rules=planted) is None
+
+
+def test_search_off_and_on_form_the_same_derived_kernel():
+    """With search on, the derived attention is an alternative the cost model decides like a matched one."""
+    from lightspeed.search import find_alternatives
+    g = ls.Graph()
+    q, k, v = (g.input(n, (2, 40, 16)) for n in "qkv")
+    out = deferred(q, k, v)
+    (alt,) = find_alternatives(Program.build(g, [out]))
+    assert alt.kind == "attention" and alt.root.id == out.node.id
+    former = Former(Program.build(g, [out]), lower_only=frozenset())
+    assert match_derived_attention(former) == []  # search's choice "primitive" is respected
