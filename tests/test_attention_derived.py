@@ -87,7 +87,8 @@ def test_formulations_the_pattern_misses_are_derived(form):
     assert isinstance(low, DerivedAttention) and low.node is out.node
     d = low.derivation
     assert d.scale > 0 and 1 <= d.iterations <= 16
-    assert any("(rewrite (KSum a) (BSum (PSum a))" in rule for rule, n in d.matches if n > 0)  # blocks were used
+    used = {rule for rule, n in d.matches if n > 0}
+    assert {"sum-in-blocks", "max-in-blocks", "rescale-at-block-max", "blocked-online-softmax"} <= used
     rng = np.random.default_rng(1)
     inputs = {n: _rand(rng, 2, 19, 16) for n in "qkv"}
     prog = g.compile([out], backend="c")
@@ -178,13 +179,29 @@ def test_a_planted_wrong_rule_is_refused():
     assert derive(terms, extra_rules=planted) is None
 
 
-def test_search_off_and_on_form_the_same_derived_kernel():
-    """With search on, the derived attention is an alternative the cost model decides like a matched one."""
-    from lightspeed.search import find_alternatives
+def test_search_decides_the_derived_kernel_and_explains_it(monkeypatch):
+    """With search on, the derived attention is an alternative the cost model decides like a matched one, and
+    explain names the rules that derived it."""
+    from lightspeed.search import CostModel, driver, explain, find_alternatives
+    from lightspeed.search import calibration as cost
     g = ls.Graph()
     q, k, v = (g.input(n, (2, 40, 16)) for n in "qkv")
     out = deferred(q, k, v)
     (alt,) = find_alternatives(Program.build(g, [out]))
-    assert alt.kind == "attention" and alt.root.id == out.node.id
+    assert alt.kind == "attention" and alt.root.id == out.node.id and alt.derivation is not None
     former = Former(Program.build(g, [out]), lower_only=frozenset())
     assert match_derived_attention(former) == []  # search's choice "primitive" is respected
+
+    monkeypatch.setattr(cost, "calibrate", lambda: CostModel())  # the defaults: a loaded machine cannot flip it
+    monkeypatch.setattr(driver, "RACE_MIN_BUDGET_S", float("inf"))  # the model's choice, no template race
+    prog = g.compile([out], backend="c", search=1, search_budget_s=20)
+    low = prog.executor.search_report.lowering
+    assert [(d.kind, d.node, d.chosen) for d in low.decisions] == [("attention", out.node.id, True)]
+    assert set(low.derived) == {out.node.id}
+    text = explain(prog)
+    assert f"attention k{out.node.id}: derived by the online-softmax rules" in text
+    assert "rescale-at-block-max x" in text and "depends-" not in text
+    rng = np.random.default_rng(5)
+    inputs = {n: _rand(rng, 2, 40, 16) for n in "qkv"}
+    want = g.compile([out], backend="reference")(**inputs)[0]
+    np.testing.assert_allclose(prog(**inputs)[0], want, rtol=2e-5, atol=2e-6)

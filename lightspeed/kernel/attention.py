@@ -186,6 +186,11 @@ class StreamingAttention:
     def score_nodes(self) -> tuple[Node, ...]:
         return (self.chain.x,)
 
+    @property
+    def derivation(self) -> None:
+        """None: matched by the pattern (``attention_derived.DerivedAttention`` holds the e-graph's derivation)."""
+        return None
+
     def kernels(self, former, n: Node, buf: ir.Buffer, name: str, vars_) -> list[ir.Kernel]:
         j = _var("kj", self.keys)
         idx = _indices(self.chain, list(vars_), j)

@@ -7,8 +7,8 @@ It reports the graph candidates (modelled cost, reference check, measured time a
 rules that fired, the e-graph's saturation (windows, iterations, e-nodes, why it stopped) and its rules by
 matches, what changed in the program (node and op counts), the lowered kernels kept and dropped (by the
 cost model and by the template race, which names each attention region it raced with its times and the
-generated kernels it summed) and the kernel schedules tried, with the measured time of the chosen
-program against the heuristics' program.
+generated kernels it summed), each attention the online-softmax rules derived with the rules it took, and
+the kernel schedules tried, with the measured time of the chosen program against the heuristics' program.
 """
 from __future__ import annotations
 
@@ -85,6 +85,11 @@ def _lowered(r) -> list[str]:
             k[0] += 1
             k[1] += int(d.chosen)
         out.append("lowered kernels: " + ", ".join(f"{kind} {c}/{n} chosen" for kind, (n, c) in kinds.items()))
+    for nid, d in sorted((low.derived if low is not None else {}).items())[:RACE_REGIONS]:
+        rules = ", ".join(f"{name} x{n}" for name, n in sorted(d.matches, key=lambda m: -m[1])
+                          if n and not name.startswith("depends-"))
+        out.append(f"  attention k{nid}: derived by the online-softmax rules in {d.iterations} iterations "
+                   f"({d.enodes} e-nodes): {rules}")
     if r.race is not None:
         out += _race(r.race)
     return out

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..graph import ArrayConst, Node, Program
+from ..kernel.online_softmax import Derivation
 from ..ops import REDUCE, Op
 from .cost import OP_FLOPS, CostModel, numel, program_cost
 from .decision import Decision
@@ -29,6 +30,8 @@ class Alternative:
     reads: tuple[Node, ...]
     flops: float
     out_bytes: int
+    # an attention the e-graph's online-softmax rules derived (kernel/online_softmax.py): how; None when matched
+    derivation: Derivation | None = None
 
 
 @dataclass
@@ -40,6 +43,7 @@ class LoweringChoice:
     enodes: int = 0
     seconds: float = 0.0
     note: str = ""
+    derived: dict[int, Derivation] = field(default_factory=dict)  # node id -> how the attention there was derived
 
     @property
     def all_chosen(self) -> bool:
@@ -94,7 +98,9 @@ def alternatives_of(former) -> list[Alternative]:
         found.append(region_of("qmatmul", q.reduce, lambda s, stop=stop: s.id not in stop and s.op is not Op.INPUT))
     for low in former.lowered.values():  # (LOWERED_MATCHERS: streaming attentions, matched or derived)
         inner = {n.id for n in low.inner_nodes} | set(low.inlined)  # the softmax, the private scores
-        found.append(region_of("attention", low.node, lambda s, inner=inner: s.id in inner))
+        alt = region_of("attention", low.node, lambda s, inner=inner: s.id in inner)
+        alt.derivation = low.derivation
+        found.append(alt)
     order = {n.id: k for k, n in enumerate(program.nodes)}
     found.sort(key=lambda a: order.get(a.root.id, -1))
     return found
@@ -125,4 +131,5 @@ def choose_lowerings(program: Program, model: CostModel, alternatives: list[Alte
     decided = {d.node for d in decisions}
     # an alternative the e-graph could not hold (its node is not encoded) keeps the default: lowered
     keep = frozenset({d.node for d in decisions if d.chosen} | {a.root.id for a in alts if a.root.id not in decided})
-    return LoweringChoice(decisions, keep, sat.enodes, time.perf_counter() - t0)
+    derived = {a.root.id: a.derivation for a in alts if a.derivation is not None}
+    return LoweringChoice(decisions, keep, sat.enodes, time.perf_counter() - t0, derived=derived)
