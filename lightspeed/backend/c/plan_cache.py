@@ -65,10 +65,10 @@ class Uncacheable(Exception):
 
 @lru_cache(maxsize=None)
 def code_fingerprint() -> str:
-    """A hash of every source file of the package (Python, C, headers)."""
+    """A hash of every source file of the package (Python, C, headers, the e-graph's rule files)."""
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    for path in sorted(p for ext in ("*.py", "*.c", "*.h") for p in root.rglob(ext)):
+    for path in sorted(p for ext in ("*.py", "*.c", "*.h", "*.egg") for p in root.rglob(ext)):
         h.update(str(path.relative_to(root)).encode())
         h.update(b"\0")
         h.update(path.read_bytes())
