@@ -205,3 +205,59 @@ def test_search_decides_the_derived_kernel_and_explains_it(monkeypatch):
     inputs = {n: _rand(rng, 2, 40, 16) for n in "qkv"}
     want = g.compile([out], backend="reference")(**inputs)[0]
     np.testing.assert_allclose(prog(**inputs)[0], want, rtol=2e-5, atol=2e-6)
+
+
+# --- hand-written attention in PyTorch, through torch.compile ---------------------------------------------
+
+def _torch_modules():
+    torch = pytest.importorskip("torch")
+
+    class Deferred(torch.nn.Module):
+        """softmax's pieces by hand, normalised after the weighted sum; torch.amax propagates NaN (a select)."""
+        def forward(self, q, k, v):
+            s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            e = torch.exp(s - s.amax(-1, keepdim=True))
+            return (e @ v) / e.sum(-1, keepdim=True)
+
+    class MaskedLogSumExp(torch.nn.Module):
+        """A causal mask added to the scores and the weights as exp(s - logsumexp(s)) by hand (base 2)."""
+        def forward(self, q, k, v):
+            n = q.shape[-2]
+            mask = torch.full((n, n), float("-inf")).triu(1)
+            s = (q @ k.transpose(-1, -2)) * 0.125 + mask
+            z = (s - s.max(-1, keepdim=True).values) * 1.5
+            return torch.exp2(z - torch.log2(torch.exp2(z).sum(-1, keepdim=True))) @ v
+
+    return torch, [Deferred, MaskedLogSumExp]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["deferred-amax", "masked-log-sum-exp"])
+def test_torch_compile_hand_written_attention_streams(which, monkeypatch):
+    torch, modules = _torch_modules()
+    from lightspeed.torch_backend import compiled, register
+    register()
+    graphs = []
+    orig = compiled.CompiledFxGraph._build
+
+    def build(self):
+        orig(self)
+        graphs.append(self)
+    monkeypatch.setattr(compiled.CompiledFxGraph, "_build", build)
+    torch._dynamo.reset()
+    try:
+        model = modules[which]()
+        seq = 2048
+        gen = torch.Generator().manual_seed(which)
+        q, k, v = (torch.randn(1, 2, seq, 64, generator=gen) for _ in range(3))
+        compiled_model = torch.compile(model, backend="lightspeed")
+        torch.testing.assert_close(compiled_model(q, k, v), model(q, k, v), rtol=1e-4, atol=2e-5)
+        k[0, 1, 7, 0] = float("nan")  # one NaN key: every row of that head is NaN, in eager and here
+        want = model(q, k, v)
+        assert int(want.isnan().sum()) == seq * 64
+        torch.testing.assert_close(compiled_model(q, k, v), want, rtol=1e-4, atol=2e-5, equal_nan=True)
+    finally:
+        torch._dynamo.reset()
+    plans = [g.program.executor.plan for g in graphs if g.program is not None]
+    assert [kern.kind for p in plans for kern in p.kernels].count("attention") == 1
+    for p in plans:
+        assert p.arena_bytes < seq * seq * 4  # less than one head's score matrix

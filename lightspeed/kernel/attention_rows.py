@@ -71,15 +71,18 @@ def _scalar(n: Node):
 
 class _Predicate:
     """The element predicate below the ``any``: its nodes, the constants it compares with, and whether
-    every score leaf reads the attention's score element."""
+    every float leaf reads one element: ``x`` at ``x_index`` (None: the first float32 node it reads that is
+    not a constant, which every other leaf must then be)."""
 
-    def __init__(self, x: Node, x_index):
+    def __init__(self, x: Node | None, x_index):
         self.x, self.x_index = x, x_index
         self.nodes: list[Node] = []
         self.consts: set[float] = {float("-inf"), 0.0, float("inf")}
 
     def check(self, n: Node, idx) -> bool:
-        """True if ``n`` at index ``idx`` is built only of allowed ops over the score element."""
+        """True if ``n`` at index ``idx`` is built only of allowed ops over the element."""
+        if self.x is None and n.dtype is dt.float32 and _scalar(n) is None:
+            self.x, self.x_index = n, idx
         if n is self.x:
             return _same(idx, self.x_index)
         v = _scalar(n)
@@ -144,14 +147,26 @@ def _any_of(n: Node):
     return red, st, inner, ist
 
 
-def row_select(w: Node, q: Node, q_st: ShapeTracker, full, j: sym.Var, keys, x: Node, x_index) -> RowSelect | None:
-    """The proof described in the module docstring. ``w``: the select node; ``q`` read through ``q_st``
-    (in the attention's reduction space, index ``full``, key variable ``j`` over ``keys``); ``x`` the
-    softmax's score node and ``x_index`` the element it reads at ``full``. None unless proven."""
-    qi = _index(q_st, full, q)
-    if qi is None or any(j in sym.free_vars(v) for v in qi):
+@dataclass
+class AnyOfElement:
+    """A bool proven to be ``any_j p(x_j)`` (or its negation): ``x`` read at ``x_index`` (which uses the key
+    ``j``), ``truth`` the element predicate ``p`` at every float32 class (``points``), ``nodes`` the bool's
+    nodes (from the bool down to the predicate, not ``x``)."""
+    negated: bool
+    x: Node
+    x_index: list
+    points: np.ndarray
+    truth: np.ndarray
+    nodes: list[Node]
+
+
+def any_of_element(q: Node, qi, j: sym.Var, keys, x: Node | None = None, x_index=None) -> AnyOfElement | None:
+    """The proof of the module docstring for bool ``q`` at index ``qi``: negations and bool casts above an
+    ``any`` over ``keys`` keys (the key ``j`` takes its axis) of a predicate that compares one float32
+    element with scalar constants (``x`` at ``x_index`` when given); None unless it has that form."""
+    if any(j in sym.free_vars(v) for v in qi):
         return None
-    nodes: list[Node] = [w]
+    nodes: list[Node] = []
     negations = 0
     n, idx = q, qi
     while True:  # negations and bool casts above the any
@@ -170,8 +185,9 @@ def row_select(w: Node, q: Node, q_st: ShapeTracker, full, j: sym.Var, keys, x: 
         if idx is None:
             return None
         n = s
+    nodes.pop()  # (n is the any itself: the cast, added below with the reduction)
     found = _any_of(n)
-    if found is None or negations % 2:
+    if found is None:
         return None
     red, st, inner, ist = found
     ri = _index(st, idx, red)
@@ -185,12 +201,26 @@ def row_select(w: Node, q: Node, q_st: ShapeTracker, full, j: sym.Var, keys, x: 
         return None
     bi = _index(bst, ii, b)
     pred = _Predicate(x, x_index)
-    if bi is None or not pred.check(b, bi):
+    if bi is None or not pred.check(b, bi) or pred.x is None or not any(j in sym.free_vars(v) for v in pred.x_index):
         return None
     pts = pred.test_points()
-    got = np.asarray(pred.evaluate(b, pts), dtype=bool)
-    want = ~np.isneginf(pts)  # x != -inf (NaN included)
-    if got.shape != want.shape or not np.array_equal(got, want):
+    truth = np.asarray(pred.evaluate(b, pts), dtype=bool)
+    if truth.shape != pts.shape:
         return None
-    nodes += [red, inner] + pred.nodes
+    return AnyOfElement(bool(negations % 2), pred.x, list(pred.x_index), pts, truth,
+                        nodes + [n, red, inner] + pred.nodes)
+
+
+def row_select(w: Node, q: Node, q_st: ShapeTracker, full, j: sym.Var, keys, x: Node, x_index) -> RowSelect | None:
+    """The proof described in the module docstring. ``w``: the select node; ``q`` read through ``q_st``
+    (in the attention's reduction space, index ``full``, key variable ``j`` over ``keys``); ``x`` the
+    softmax's score node and ``x_index`` the element it reads at ``full``. None unless proven."""
+    qi = _index(q_st, full, q)
+    if qi is None:
+        return None
+    found = any_of_element(q, qi, j, keys, x, x_index)
+    # q is any_j(x_j != -inf) (NaN included)
+    if found is None or found.negated or not np.array_equal(found.truth, ~np.isneginf(found.points)):
+        return None
+    nodes = [w] + found.nodes
     return RowSelect(w, q, list({n.id: n for n in nodes}.values()))

@@ -32,6 +32,7 @@ from ..ops import Op
 from ..shape import ShapeTracker
 from . import ir
 from .attention_index import index_through
+from .attention_rows import any_of_element
 
 RULES = Path(__file__).resolve().parent.parent / "search" / "egraph" / "rules" / "online.egg"
 ELEMENTWISE = {Op.ADD: "Add", Op.MUL: "Mul", Op.RECIP: "Recip", Op.EXP2: "Exp2", Op.LOG2: "Log2", Op.SQRT: "Sqrt"}
@@ -58,6 +59,7 @@ class KeyTerms:
     leaves: list[tuple[Node, tuple]] = field(default_factory=list)  # (At k): node k read at index k
     scalar: set[int] = field(default_factory=set)  # leaves whose index does not use the key
     inner: dict[int, Node] = field(default_factory=dict)  # nodes translated as ops (the root included)
+    guards: list[str] = field(default_factory=list)  # NaN-guarded elements (terms) the score must equal
 
 
 def _uses(idx, var: sym.Var) -> bool:
@@ -93,6 +95,8 @@ class _Translator:
     def _term(self, n: Node, idx) -> str:
         if _scalar_const(n):
             return f"(Num {_bits(n.arg)})"
+        if n.op is Op.MUL and n.dtype is dt.float32 and sorted(s.dtype.name for s, _ in n.srcs) == ["bool", "float32"]:
+            return self.select(n, idx)
         if n.dtype is not dt.float32 or any(s.dtype is not dt.float32 for s, _ in n.srcs):
             return self.leaf(n, idx)
         if n.op in ELEMENTWISE or n.op is Op.CONTIGUOUS:
@@ -117,6 +121,24 @@ class _Translator:
             self.out.inner[n.id] = n
             return f"({REDUCTIONS[n.op]} {body})"
         return self.leaf(n, idx)
+
+    def select(self, n: Node, idx) -> str:
+        """A select ``Sel(b, t)``: when ``b`` is proven to be "some key's element is NaN" (or its negation), as
+        PyTorch's max writes its NaN propagation, it is 0 (or ``t``) in real arithmetic, where no value is NaN;
+        the element is kept as a guard (``KeyTerms.guards``) for ``derive``, which admits the derivation only
+        if that element is the score (then a NaN score gives NaN either way); else a leaf."""
+        (b, bst), = [(s, st) for s, st in n.srcs if s.dtype is dt.bool_]
+        (t, tst), = [(s, st) for s, st in n.srcs if s.dtype is dt.float32]
+        bi, ti = index_through(bst, idx, b), index_through(tst, idx, t)
+        proof = None if bi is None or ti is None else any_of_element(b, bi, self.j, self.keys)
+        if proof is None or not np.array_equal(proof.truth, np.isnan(proof.points)) or \
+                proof.x.dtype is not dt.float32:
+            return self.leaf(n, idx)
+        self.out.guards.append(self.term(proof.x, proof.x_index))
+        self.out.inner[n.id] = n
+        for m in proof.nodes:
+            self.out.inner[m.id] = m
+        return self.term(t, ti) if proof.negated else f"(Num {_bits(0.0)})"
 
 
 class _TooLarge(Exception):
@@ -183,6 +205,7 @@ def derive(terms: KeyTerms, max_iterations: int = MAX_ITERATIONS, extra_rules: s
         return None
     eg = bindings.EGraph()
     facts = [f"(set (Root 0) {terms.text})"] + [f"(Scalar (At {k}))" for k in sorted(terms.scalar)]
+    facts += [f"(set (Guard {k}) {g})" for k, g in enumerate(terms.guards)]
     eg.run_program(*eg.parse_program(RULES.read_text() + "\n" + extra_rules + "\n" + "\n".join(facts)))
     matches: dict[str, int] = {}
     for it in range(1, max_iterations + 1):
@@ -197,7 +220,7 @@ def derive(terms: KeyTerms, max_iterations: int = MAX_ITERATIONS, extra_rules: s
         if found is not None:
             score, value, scale = found
             d = Derivation(score, value, scale, it, _size(eg), tuple(sorted(matches.items())))
-            return d if agrees(d, terms) else None
+            return d if agrees(d, terms) and _guards_are_the_score(eg, len(terms.guards)) else None
         if not updated or _size(eg) >= MAX_ENODES:
             return None
     return None
@@ -233,6 +256,15 @@ def constant_value(term) -> float:
         if op is Op.LOG2:
             return float(np.log2(args[0]))
         return float(np.sqrt(args[0]))
+
+
+def _guards_are_the_score(eg, guards: int) -> bool:
+    for k in range(guards):
+        try:
+            eg.run_program(*eg.parse_program(f"(check (= (Guard {k}) (StreamScore)))"))
+        except Exception:  # egglog's check fails with its own error: the guarded element is not the score
+            return False
+    return True
 
 
 def _size(eg) -> int:
