@@ -261,3 +261,25 @@ def test_torch_compile_hand_written_attention_streams(which, monkeypatch):
     assert [kern.kind for p in plans for kern in p.kernels].count("attention") == 1
     for p in plans:
         assert p.arena_bytes < seq * seq * 4  # less than one head's score matrix
+
+
+def test_lightspeed_models_without_the_pattern(tmp_path, monkeypatch):
+    """With the pattern matcher off, the derivation finds every attention of a Lightspeed model (the tests' tiny
+    GGUF Llama: causal mask, grouped heads, a KV cache) and generates the same tokens."""
+    from tiny_gguf import write_tiny_llama
+
+    import lightspeed.api as lsa
+    from lightspeed.kernel import fusion
+    model = tmp_path / "tiny.gguf"
+    write_tiny_llama(model, seed=3)
+    want = lsa.load(model, ctx=64, progress=False).generate_text("abc", max_tokens=12)
+    derived: list = []
+
+    def derive_only(former):
+        found = match_derived_attention(former)
+        derived.extend(found)
+        return found
+    monkeypatch.setattr(fusion, "LOWERED_MATCHERS", [derive_only])
+    got = lsa.load(model, ctx=64, progress=False).generate_text("abc", max_tokens=12)
+    assert got == want
+    assert derived and all(d.derivation.scale > 0 for d in derived)

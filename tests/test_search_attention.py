@@ -51,6 +51,18 @@ def built(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.fixture(params=["pattern", "derived"])
+def matcher(request, monkeypatch):
+    """Which lowered-kernel matchers kernel formation runs: both (the pattern first, as compiles do), or only
+    the e-graph's derivation (kernel/attention_derived.py), which must find every attention the pattern finds."""
+    if request.param == "derived":
+        pytest.importorskip("egglog")
+        from lightspeed.kernel import fusion
+        from lightspeed.kernel.attention_derived import match_derived_attention
+        monkeypatch.setattr(fusion, "LOWERED_MATCHERS", [match_derived_attention])
+    return request.param
+
+
 def _big_buffers(plan, seq: int) -> list:
     """Kernel outputs with at least seq x seq elements (upper bounds of symbolic sizes)."""
     out = []
@@ -65,6 +77,12 @@ def _big_buffers(plan, seq: int) -> list:
 
 def _check_streaming(graphs, seq: int, attentions: int) -> None:
     plans = [g.program.executor.plan for g in graphs if g.program is not None]
+    from lightspeed.kernel import fusion
+    if fusion.LOWERED_MATCHERS != [fusion.match_attention, fusion.match_derived_attention]:  # only derived
+        for g in graphs:
+            if g.program is not None:
+                former = fusion.Former(g.program.program)
+                assert all(type(low).__name__ == "DerivedAttention" for low in former.lowered.values())
     kinds = [k.kind for p in plans for k in p.kernels]
     assert kinds.count("attention") == attentions, kinds
     for p in plans:
@@ -99,7 +117,7 @@ class SDPA(torch.nn.Module):
 
 
 @pytest.mark.parametrize("kind", ["plain", "causal", "bool", "additive", "gqa", "window", "manual"])
-def test_sdpa_decomposition_streams(built, kind):
+def test_sdpa_decomposition_streams(built, kind, matcher):
     seq = 256
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, seq, 16, generator=g) for _ in range(3))
@@ -152,7 +170,7 @@ def _hf(name: str):
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
-def test_hf_models_stream_at_2048(built, name):
+def test_hf_models_stream_at_2048(built, name, matcher):
     model, key = _hf(name)
     ids = torch.randint(0, 96, (1, SEQ), generator=torch.Generator().manual_seed(1))
     kwargs = {"input_ids": ids}
@@ -207,7 +225,7 @@ def _inputs(sq: int, skv: int, seed: int = 0) -> dict:
 @pytest.mark.parametrize("kind,lowered", [("any-not-neginf", True), ("any-greater", False),
                                           ("all-not-neginf", False), ("any-of-mask", False)])
 @pytest.mark.parametrize("sq,skv", [(37, 300), (1, 600)])  # prefill rows; a decode row (keys split in parts)
-def test_row_select_is_proven_not_guessed(kind, lowered, sq, skv):
+def test_row_select_is_proven_not_guessed(kind, lowered, sq, skv, matcher):
     g, out = _safe_attention(kind, sq, skv)
     program = Program.build(g, [out])
     new = rewrite_program(program, rules.NORMALISE).program

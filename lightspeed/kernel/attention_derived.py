@@ -35,6 +35,7 @@ class DerivedAttention:
     width: int
     terms: KeyTerms  # the node's translation at the match's index
     derivation: Derivation
+    stop: frozenset[int] = frozenset()  # nodes translated as leaves (other lowered kernels' nodes)
     inlined: set[int] = field(default_factory=set)
     forced: set[int] = field(default_factory=set)
 
@@ -44,7 +45,9 @@ class DerivedAttention:
 
     @property
     def score_nodes(self) -> tuple[Node, ...]:
-        nodes = {}
+        """What the maxima read and the score term's leaves: where the search for nodes only the kernel reads
+        (the scores, at least seq x seq) starts (``attention.private_nodes``)."""
+        nodes = {n.id: n for n in self.terms.maxed.values() if n.id not in self.terms.inner}
         for k in leaves_of(self.derivation.score):
             n = self.terms.leaves[k][0]
             nodes[n.id] = n
@@ -52,12 +55,12 @@ class DerivedAttention:
 
     def kernels(self, former, n: Node, buf: ir.Buffer, name: str, vars_) -> list[ir.Kernel]:
         j = ir.loop_var("kj", self.keys)
-        terms = translate(self.node, list(vars_), self.keys, j)
+        terms = translate(self.node, list(vars_), self.keys, j, self.stop)
         assert terms is not None and terms.text == self.terms.text, "the translation is the match's"
         score = term_ir(former, self.derivation.score, terms.leaves)
         value = term_ir(former, self.derivation.value, terms.leaves)
         return attention_kernels(former, n, buf, name, vars_, score, value, j, self.keys, self.derivation.scale,
-                                 self.width)
+                                 self.width, zero_empty_rows=self.derivation.zero_empty_rows)
 
 
 def _translatable(n: Node) -> bool:
@@ -100,7 +103,8 @@ def match_derived_attention(former) -> list[DerivedAttention]:
         if keys is None:
             continue
         out = [ir.loop_var(f"ao{k}", s) for k, s in enumerate(n.shape)]
-        terms = translate(n, out, keys, ir.loop_var("aj", keys))
+        stop = frozenset(taken)  # (what the pattern lowered, and what earlier derivations took, stays whole)
+        terms = translate(n, out, keys, ir.loop_var("aj", keys), stop)
         if terms is None or not all(f"({op} " in terms.text for op in ("KSum", "KMax", "Exp2")):
             continue
         if terms.text not in derived:
@@ -108,7 +112,7 @@ def match_derived_attention(former) -> list[DerivedAttention]:
         d = derived[terms.text]
         if d is None or not _usable(d, terms, out[-1]):
             continue
-        found.append(DerivedAttention(n, keys, int(n.shape[-1]), terms, d))
+        found.append(DerivedAttention(n, keys, int(n.shape[-1]), terms, d, stop=stop))
         taken |= set(terms.inner)
     settle_private(former, found)
     return found

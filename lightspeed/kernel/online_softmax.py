@@ -58,8 +58,13 @@ class KeyTerms:
     text: str  # the root's term
     leaves: list[tuple[Node, tuple]] = field(default_factory=list)  # (At k): node k read at index k
     scalar: set[int] = field(default_factory=set)  # leaves whose index does not use the key
-    inner: dict[int, Node] = field(default_factory=dict)  # nodes translated as ops (the root included)
-    guards: list[str] = field(default_factory=list)  # NaN-guarded elements (terms) the score must equal
+    # nodes the kernel replaces (the root included): reductions over the keys, ops above them, selects taken
+    # as constants with their predicates
+    inner: dict[int, Node] = field(default_factory=dict)
+    # selects taken as constants (``_Translator.select``): ("nan" | "rows", the element's term), which the
+    # derivation's score must equal
+    guards: list[tuple[str, str]] = field(default_factory=list)
+    maxed: dict[int, Node] = field(default_factory=dict)  # what the maxima over the keys read (the scores)
 
 
 def _uses(idx, var: sym.Var) -> bool:
@@ -71,10 +76,28 @@ def _scalar_const(n: Node) -> bool:
 
 
 class _Translator:
-    def __init__(self, keys: sym.sint, j: sym.Var):
-        self.keys, self.j = keys, j
+    def __init__(self, keys: sym.sint, j: sym.Var, leaves: frozenset[int]):
+        self.keys, self.j, self.stop = keys, j, leaves
         self.terms: dict[tuple, str] = {}
         self.out = KeyTerms("")
+        self.ops: dict[int, tuple[Node, bool]] = {}  # elementwise nodes translated: whether above a reduction
+
+    def settle_inner(self) -> None:
+        """Add to ``inner`` the elementwise nodes the kernel replaces: those above a reduction over the keys, and
+        those that read what a max over the keys reads (the scores) however indirectly (a scale applied to
+        them). The others (the value's projection, a bias) the kernel recomputes as it reads them, and other
+        kernels may read them too."""
+        marked = set(self.out.maxed)
+        changed = True
+        while changed:
+            changed = False
+            for nid, (n, above) in self.ops.items():
+                if nid not in marked and (above or any(s.id in marked for s, _ in n.srcs)):
+                    marked.add(nid)
+                    changed = True
+        for nid, (n, _) in self.ops.items():
+            if nid in marked and nid not in self.out.maxed:
+                self.out.inner[nid] = n
 
     def leaf(self, n: Node, idx) -> str:
         k = len(self.out.leaves)
@@ -95,6 +118,8 @@ class _Translator:
     def _term(self, n: Node, idx) -> str:
         if _scalar_const(n):
             return f"(Num {_bits(n.arg)})"
+        if n.id in self.stop:
+            return self.leaf(n, idx)
         if n.op is Op.MUL and n.dtype is dt.float32 and sorted(s.dtype.name for s, _ in n.srcs) == ["bool", "float32"]:
             return self.select(n, idx)
         if n.dtype is not dt.float32 or any(s.dtype is not dt.float32 for s, _ in n.srcs):
@@ -106,8 +131,9 @@ class _Translator:
                 if sidx is None:  # (a padded view: the op does not commute with its zeros)
                     return self.leaf(n, idx)
                 args.append(self.term(s, sidx))
-            self.out.inner[n.id] = n
-            return args[0] if n.op is Op.CONTIGUOUS else f"({ELEMENTWISE[n.op]} {' '.join(args)})"
+            term = args[0] if n.op is Op.CONTIGUOUS else f"({ELEMENTWISE[n.op]} {' '.join(args)})"
+            self.ops[n.id] = (n, "(KSum " in term or "(KMax " in term)
+            return term
         if n.op in REDUCTIONS:
             src, st = n.srcs[0]
             if not sym.same(st.shape[n.arg], self.keys) or _uses(idx, self.j):
@@ -119,40 +145,50 @@ class _Translator:
                 return self.leaf(n, idx)
             body = self.term(src, sidx)
             self.out.inner[n.id] = n
+            if n.op is Op.MAX_REDUCE:
+                self.out.maxed[src.id] = src
             return f"({REDUCTIONS[n.op]} {body})"
         return self.leaf(n, idx)
 
     def select(self, n: Node, idx) -> str:
-        """A select ``Sel(b, t)``: when ``b`` is proven to be "some key's element is NaN" (or its negation), as
-        PyTorch's max writes its NaN propagation, it is 0 (or ``t``) in real arithmetic, where no value is NaN;
-        the element is kept as a guard (``KeyTerms.guards``) for ``derive``, which admits the derivation only
-        if that element is the score (then a NaN score gives NaN either way); else a leaf."""
+        """A select ``Sel(b, t)`` by a bool proven (``attention_rows.any_of_element``) to be, over the keys of one
+        element ``x``, "some x is NaN" (PyTorch's max propagating NaN) or "some x is above -inf" (the safe
+        softmax's rows that see a key), or its negation: in real arithmetic, where no value is NaN or infinite,
+        that bool is a constant, so the select is ``t`` or 0. ``x`` is kept as a guard (``KeyTerms.guards``):
+        ``derive`` admits the derivation only if it is the score, and the kernel then gives a row with a NaN
+        score NaN, and a row whose every score is -inf 0 (``zero_empty_rows``), as the select does. Else a leaf."""
         (b, bst), = [(s, st) for s, st in n.srcs if s.dtype is dt.bool_]
         (t, tst), = [(s, st) for s, st in n.srcs if s.dtype is dt.float32]
         bi, ti = index_through(bst, idx, b), index_through(tst, idx, t)
         proof = None if bi is None or ti is None else any_of_element(b, bi, self.j, self.keys)
-        if proof is None or not np.array_equal(proof.truth, np.isnan(proof.points)) or \
-                proof.x.dtype is not dt.float32:
+        if proof is None or proof.x.dtype is not dt.float32:
             return self.leaf(n, idx)
-        self.out.guards.append(self.term(proof.x, proof.x_index))
+        if np.array_equal(proof.truth, np.isnan(proof.points)):
+            kind, holds = "nan", False  # (no value is NaN in real arithmetic)
+        elif np.array_equal(proof.truth, ~np.isneginf(proof.points)):
+            kind, holds = "rows", True  # (every value is above -inf)
+        else:
+            return self.leaf(n, idx)
+        self.out.guards.append((kind, self.term(proof.x, proof.x_index)))
         self.out.inner[n.id] = n
         for m in proof.nodes:
             self.out.inner[m.id] = m
-        return self.term(t, ti) if proof.negated else f"(Num {_bits(0.0)})"
+        return self.term(t, ti) if holds != proof.negated else f"(Num {_bits(0.0)})"
 
 
 class _TooLarge(Exception):
     pass
 
 
-def translate(n: Node, index, keys: sym.sint, j: sym.Var) -> KeyTerms | None:
+def translate(n: Node, index, keys: sym.sint, j: sym.Var, leaves: frozenset[int] = frozenset()) -> KeyTerms | None:
     """``n`` at ``index`` in the key-vector language, reductions over ``keys`` keys taking the key index
-    ``j``; None past ``MAX_TERMS`` terms."""
-    tr = _Translator(keys, j)
+    ``j``, the nodes ``leaves`` (another lowered kernel's) always leaves; None past ``MAX_TERMS`` terms."""
+    tr = _Translator(keys, j, leaves)
     try:
         tr.out.text = tr.term(n, index)
     except _TooLarge:
         return None
+    tr.settle_inner()
     return tr.out
 
 
@@ -165,7 +201,8 @@ class Derivation:
     scale: float  # NaN where the scale is not a constant (the kernel needs one)
     iterations: int
     enodes: int
-    matches: tuple[tuple[str, int], ...]  # rule text, matches applied
+    matches: tuple[tuple[str, int], ...]  # rule name, matches applied
+    zero_empty_rows: bool = False  # a row whose every score is -inf gives 0 (a safe softmax's select)
 
 
 def _parse(text: str):
@@ -205,7 +242,7 @@ def derive(terms: KeyTerms, max_iterations: int = MAX_ITERATIONS, extra_rules: s
         return None
     eg = bindings.EGraph()
     facts = [f"(set (Root 0) {terms.text})"] + [f"(Scalar (At {k}))" for k in sorted(terms.scalar)]
-    facts += [f"(set (Guard {k}) {g})" for k, g in enumerate(terms.guards)]
+    facts += [f"(set (Guard {k}) {g})" for k, (_, g) in enumerate(terms.guards)]
     eg.run_program(*eg.parse_program(RULES.read_text() + "\n" + extra_rules + "\n" + "\n".join(facts)))
     matches: dict[str, int] = {}
     for it in range(1, max_iterations + 1):
@@ -219,7 +256,8 @@ def derive(terms: KeyTerms, max_iterations: int = MAX_ITERATIONS, extra_rules: s
         found = _found(eg)
         if found is not None:
             score, value, scale = found
-            d = Derivation(score, value, scale, it, _size(eg), tuple(sorted(matches.items())))
+            d = Derivation(score, value, scale, it, _size(eg), tuple(sorted(matches.items())),
+                           zero_empty_rows=any(kind == "rows" for kind, _ in terms.guards))
             return d if agrees(d, terms) and _guards_are_the_score(eg, len(terms.guards)) else None
         if not updated or _size(eg) >= MAX_ENODES:
             return None
