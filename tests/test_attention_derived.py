@@ -234,16 +234,8 @@ def _torch_modules():
 @pytest.mark.parametrize("which", [0, 1], ids=["deferred-amax", "masked-log-sum-exp"])
 def test_torch_compile_hand_written_attention_streams(which, monkeypatch):
     torch, modules = _torch_modules()
-    from lightspeed.torch_backend import compiled, register
-    register()
-    graphs = []
-    orig = compiled.CompiledFxGraph._build
-
-    def build(self):
-        orig(self)
-        graphs.append(self)
-    monkeypatch.setattr(compiled.CompiledFxGraph, "_build", build)
-    torch._dynamo.reset()
+    from fx_graphs import record_built_graphs
+    graphs = record_built_graphs(monkeypatch, torch)
     try:
         model = modules[which]()
         seq = 2048

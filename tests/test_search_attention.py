@@ -24,6 +24,7 @@ from lightspeed.frontend.extra_torch import any_true, eq_ieee
 from lightspeed.graph import Program
 from lightspeed.rewrite import rewrite_program, rules
 from lightspeed.runtime import CompiledGraph
+from fx_graphs import record_built_graphs
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
@@ -37,17 +38,7 @@ def _cache(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def built(monkeypatch):
     """Every CompiledFxGraph the torch backend builds in the test (its program, its kernel plan)."""
-    from lightspeed.torch_backend import compiled, register
-    register()
-    graphs = []
-    orig = compiled.CompiledFxGraph._build
-
-    def build(self):
-        orig(self)
-        graphs.append(self)
-    monkeypatch.setattr(compiled.CompiledFxGraph, "_build", build)
-    torch._dynamo.reset()
-    yield graphs
+    yield record_built_graphs(monkeypatch, torch)
     torch._dynamo.reset()
 
 
