@@ -7,7 +7,11 @@ heuristics time / search time (> 1: search is faster). Then attention at sequenc
 the streaming kernel against the materialising plan (templates=False), time and intermediate
 memory (the arena of temporaries). Timings are noisy on shared machines: compare the ratios.
 
-    python benchmarks/search.py [--level 1] [--budget 30] [--runs 10] [--large] [--smollm2] [--json]
+    python benchmarks/search.py [--level 1] [--budget 30] [--runs 10] [--large] [--smollm2] [--derived] [--json]
+
+``--derived``: hand-written causal attention (normalised after the weighted sum; a base-2 log-sum-exp) at
+2048 tokens, which the e-graph's online-softmax rules derive: the streaming kernel against the materialising
+plan, and against SDPA's kernel (matched by the pattern) on the same inputs.
 """
 from __future__ import annotations
 
@@ -111,6 +115,47 @@ def bench_attention_4096(runs: int, heads: int = 4) -> dict:
             "materialising_arena_bytes": materialising.arena_bytes}
 
 
+def _hand_written(kind: str, q, k, v, mask):
+    """Attention as people write it by hand, which the pattern matcher does not see and the e-graph's
+    online-softmax rules derive (kernel/attention_derived.py)."""
+    s = q @ k.transpose(-1, -2) * 0.125 + mask
+    if kind == "deferred":  # normalised after the weighted sum
+        e = F.exp(s - s.max(-1, keepdim=True))
+        return (e @ v) / e.sum(-1, keepdim=True)
+    z = (s - s.max(-1, keepdim=True)) * 1.5  # base-2 log-sum-exp
+    return (z - z.exp2().sum(-1, keepdim=True).log2()).exp2() @ v
+
+
+def bench_derived_attention(runs: int, heads: int = 4, seq: int = 2048) -> list[dict]:
+    """Hand-written causal attention: the derived streaming kernel against the materialising plan
+    (templates=False), and against the pattern's kernel for SDPA on the same inputs."""
+    rng = np.random.default_rng(5)
+    inputs = {n: rand(rng, (heads, seq, 64)) for n in "qkv"}
+    inputs["mask"] = np.triu(np.full((seq, seq), -np.inf, np.float32), 1)
+    out = []
+    for kind in ("deferred", "log-sum-exp"):
+        g = ls.Graph()
+        q, k, v = (g.input(n, (heads, seq, 64)) for n in "qkv")
+        o = _hand_written(kind, q, k, v, g.input("mask", (seq, seq)))
+        derived = g.compile([o], backend="c")
+        materialising = g.compile([o], backend="c", templates=False)
+        sdpa_g = ls.Graph()
+        sq, sk, sv = (sdpa_g.input(n, (heads, seq, 64)) for n in "qkv")
+        m = sdpa_g.input("mask", (seq, seq))
+        pattern = sdpa_g.compile([F.scaled_dot_product_attention(sq, sk, sv, m, scale=0.125)], backend="c")
+        np.testing.assert_allclose(derived(**inputs)[0], materialising(**inputs)[0], rtol=1e-3, atol=1e-5)
+        td, tm = timeit_pair(lambda: derived(**inputs), lambda: materialising(**inputs), runs)
+        td2, tp = timeit_pair(lambda: derived(**inputs), lambda: pattern(**inputs), runs)
+        out.append({"name": f"hand-written attention ({kind}), causal, {heads} heads x {seq} x 64",
+                    "kernels": [kern.kind for kern in derived.executor.plan.kernels],
+                    "derived_ms": td[0] * 1e3, "derived_median_ms": td[1] * 1e3,
+                    "materialising_ms": tm[0] * 1e3, "materialising_median_ms": tm[1] * 1e3,
+                    "derived_again_ms": td2[0] * 1e3, "pattern_sdpa_ms": tp[0] * 1e3,
+                    "pattern_sdpa_median_ms": tp[1] * 1e3, "derived_arena_bytes": derived.arena_bytes,
+                    "materialising_arena_bytes": materialising.arena_bytes})
+    return out
+
+
 def bench_smollm2(level: int, budget: float, runs: int) -> list[dict]:
     """End-to-end SmolLM2-135M prefill (64 tokens) and decode (1 token), heuristics vs search."""
     from lightspeed.api import default_model_path
@@ -136,6 +181,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="run workloads whose name contains this")
     ap.add_argument("--no-attention-4096", action="store_true")
     ap.add_argument("--smollm2", action="store_true", help="end-to-end SmolLM2 prefill and decode")
+    ap.add_argument("--derived", action="store_true", help="hand-written attention the e-graph derives")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = []
@@ -156,6 +202,16 @@ def main() -> None:
                   f"ratio {r['ratio']:.2f} (median {r['ratio_median']:.2f}); intermediate memory "
                   f"{r['streaming_arena_bytes'] / 2**20:.2f} MiB vs {r['materialising_arena_bytes'] / 2**20:.1f} MiB",
                   flush=True)
+    if args.derived:
+        for r in bench_derived_attention(max(3, args.runs // 2)):
+            results.append(r)
+            if not args.json:
+                print(f"{r['name']}: {r['kernels']}: derived {r['derived_ms']:.1f} ms (median "
+                      f"{r['derived_median_ms']:.1f}), materialising {r['materialising_ms']:.1f} "
+                      f"({r['materialising_median_ms']:.1f}); SDPA by the pattern {r['pattern_sdpa_ms']:.1f} "
+                      f"({r['pattern_sdpa_median_ms']:.1f}) against derived {r['derived_again_ms']:.1f} in the same "
+                      f"rounds; intermediate memory {r['derived_arena_bytes'] / 2**20:.2f} MiB vs "
+                      f"{r['materialising_arena_bytes'] / 2**20:.1f} MiB", flush=True)
     if args.smollm2:
         for r in bench_smollm2(args.level, args.budget, args.runs):
             results.append(r)
