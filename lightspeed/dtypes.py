@@ -62,6 +62,16 @@ def as_dtype(x) -> DType:
     return from_numpy(x)
 
 
+def float32_bits(v: float) -> int:
+    """The bit pattern of ``v`` rounded to float32 (how the e-graphs spell constants)."""
+    return int(np.array(v, dtype=np.float32).view(np.uint32))
+
+
+def bits_float32(bits: int) -> float:
+    """The float32 whose bit pattern is ``bits``."""
+    return float(np.array(bits, dtype=np.uint32).view(np.float32))
+
+
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (uint16) to float32."""
     return (bits.astype(np.uint32) << 16).view(np.float32)

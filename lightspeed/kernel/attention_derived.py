@@ -9,7 +9,6 @@ an identity of real arithmetic, and the kernel computes that blocked form.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .. import dtypes as dt
@@ -119,8 +118,9 @@ def match_derived_attention(former) -> list[DerivedAttention]:
 
 
 def _usable(d: Derivation, terms: KeyTerms, column: sym.Var) -> bool:
-    """Whether the kernel can compute the derivation: elementwise score and value terms, a positive scale,
-    and a score that does not depend on the value's column (the output's last index)."""
-    if not (elementwise_only(d.score) and elementwise_only(d.value) and math.isfinite(d.scale) and d.scale > 0):
+    """Whether the kernel can compute the derivation: elementwise score and value terms, a positive scale
+    (``derive`` admits only finite ones), and a score that does not depend on the value's column (the output's
+    last index)."""
+    if not (elementwise_only(d.score) and elementwise_only(d.value) and d.scale > 0):
         return False
     return not any(column in sym.free_vars(x) for k in leaves_of(d.score) for x in terms.leaves[k][1])

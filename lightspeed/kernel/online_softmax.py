@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -41,14 +42,6 @@ REDUCTIONS = {Op.SUM_REDUCE: "KSum", Op.MAX_REDUCE: "KMax"}
 MAX_TERMS = 256  # a larger translation is not a softmax-weighted sum worth the rewriting
 MAX_ITERATIONS = 16  # the rules reach the blocked form in 8 iterations on every formulation tested
 MAX_ENODES = 20_000
-
-
-def _bits(v: float) -> int:
-    return int(np.array(v, dtype=np.float32).view(np.uint32))
-
-
-def _float(bits: int) -> float:
-    return float(np.array(bits, dtype=np.uint32).view(np.float32))
 
 
 @dataclass
@@ -117,7 +110,7 @@ class _Translator:
 
     def _term(self, n: Node, idx) -> str:
         if _scalar_const(n):
-            return f"(Num {_bits(n.arg)})"
+            return f"(Num {dt.float32_bits(n.arg)})"
         if n.id in self.stop:
             return self.leaf(n, idx)
         if n.op is Op.MUL and n.dtype is dt.float32 and sorted(s.dtype.name for s, _ in n.srcs) == ["bool", "float32"]:
@@ -173,7 +166,7 @@ class _Translator:
         self.out.inner[n.id] = n
         for m in proof.nodes:
             self.out.inner[m.id] = m
-        return self.term(t, ti) if holds != proof.negated else f"(Num {_bits(0.0)})"
+        return self.term(t, ti) if holds != proof.negated else f"(Num {dt.float32_bits(0.0)})"
 
 
 class _TooLarge(Exception):
@@ -224,6 +217,11 @@ def _parse(text: str):
     return item()
 
 
+@lru_cache(maxsize=1)
+def _rules_text() -> str:
+    return RULES.read_text()
+
+
 def _egglog():
     try:
         from egglog import bindings
@@ -243,7 +241,7 @@ def derive(terms: KeyTerms, max_iterations: int = MAX_ITERATIONS, extra_rules: s
     eg = bindings.EGraph()
     facts = [f"(set (Root 0) {terms.text})"] + [f"(Scalar (At {k}))" for k in sorted(terms.scalar)]
     facts += [f"(set (Guard {k}) {g})" for k, (_, g) in enumerate(terms.guards)]
-    eg.run_program(*eg.parse_program(RULES.read_text() + "\n" + extra_rules + "\n" + "\n".join(facts)))
+    eg.run_program(*eg.parse_program(_rules_text() + "\n" + extra_rules + "\n" + "\n".join(facts)))
     matches: dict[str, int] = {}
     for it in range(1, max_iterations + 1):
         updated = False
@@ -276,24 +274,7 @@ def _found(eg):
 
 def constant_value(term) -> float:
     """The float32 value of a term of constants and elementwise ops (NaN when it reads a leaf)."""
-    if term[0] == "Num":
-        return _float(term[1])
-    if term[0] not in NAME_OPS:
-        return math.nan
-    args = [np.float32(constant_value(a)) for a in term[1:]]
-    op = NAME_OPS[term[0]]
-    with np.errstate(all="ignore"):
-        if op is Op.ADD:
-            return float(args[0] + args[1])
-        if op is Op.MUL:
-            return float(args[0] * args[1])
-        if op is Op.RECIP:
-            return float(np.float32(1) / args[0])
-        if op is Op.EXP2:
-            return float(np.exp2(args[0]))
-        if op is Op.LOG2:
-            return float(np.log2(args[0]))
-        return float(np.sqrt(args[0]))
+    return float(_value(term, {}, 1, np.float32))
 
 
 def _guards_are_the_score(eg, guards: int) -> bool:
@@ -331,7 +312,7 @@ def term_ir(former, term, leaves: list[tuple[Node, tuple]]) -> ir.IR:
         n, idx = leaves[term[1]]
         return former._read(n, ShapeTracker.contiguous(n.shape), list(idx))
     if term[0] == "Num":
-        return ir.Const(_float(term[1]), dt.float32)
+        return ir.Const(dt.bits_float32(term[1]), dt.float32)
     return ir.Alu(NAME_OPS[term[0]], tuple(term_ir(former, a, leaves) for a in term[1:]), dt.float32)
 
 
@@ -339,22 +320,28 @@ CHECK_KEYS = (1, 6, 37)  # key counts the check draws values for (one key: a sin
 CHECK_RTOL = 1e-6
 
 
-def _value(term, leaves: dict[int, np.ndarray], keys: int):
+UNARY = {Op.RECIP: np.reciprocal, Op.EXP2: np.exp2, Op.LOG2: np.log2, Op.SQRT: np.sqrt}
+
+
+def _value(term, leaves: dict[int, np.ndarray], keys: int, ftype=np.float64):
+    """A term's value with ``leaves`` (by number; a missing one is NaN) over ``keys`` keys, every op rounded to
+    ``ftype``."""
     head = term[0]
     if head == "At":
-        return leaves[term[1]]
+        return leaves.get(term[1], ftype(math.nan))
     if head == "Num":
-        return np.float64(_float(term[1]))
+        return ftype(dt.bits_float32(term[1]))
     if head in ("KSum", "KMax"):
-        body = np.broadcast_to(_value(term[1], leaves, keys), (keys,))
+        body = np.broadcast_to(_value(term[1], leaves, keys, ftype), (keys,))
         return body.sum() if head == "KSum" else body.max()
-    args = [_value(a, leaves, keys) for a in term[1:]]
+    args = [_value(a, leaves, keys, ftype) for a in term[1:]]
     op = NAME_OPS[head]
-    if op is Op.ADD:
-        return args[0] + args[1]
-    if op is Op.MUL:
-        return args[0] * args[1]
-    return {Op.RECIP: lambda a: 1 / a, Op.EXP2: np.exp2, Op.LOG2: np.log2, Op.SQRT: np.sqrt}[op](args[0])
+    with np.errstate(all="ignore"):
+        if op is Op.ADD:
+            return args[0] + args[1]
+        if op is Op.MUL:
+            return args[0] * args[1]
+        return UNARY[op](args[0])
 
 
 def agrees(d: Derivation, terms: KeyTerms, seed: int = 0) -> bool:

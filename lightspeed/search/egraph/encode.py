@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ... import dtypes as dt
+from ...dtypes import float32_bits
 from ...graph import ArrayConst, Node, Program
 from ...ops import Op
 from ...shape import ShapeTracker
@@ -43,14 +42,6 @@ class Encoding:
     alternatives: list = field(default_factory=list)  # lowering.Alternative, by number k of (Lowered kind k ..)
     # a window's encoding (encode_window) numbers nodes by first use: number -> node id; empty: ids themselves
     numbers: list[int] = field(default_factory=list)
-
-
-def float32_bits(v: float) -> int:
-    return int(np.array(v, dtype=np.float32).view(np.uint32))
-
-
-def bits_float32(bits: int) -> float:
-    return float(np.array(bits, dtype=np.uint32).view(np.float32))
 
 
 def _is_scalar_f32_const(n: Node) -> bool:

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass, field
 
 from ... import dtypes as dt
+from ...dtypes import bits_float32
 from ... import symbolic as sym
 from ...graph import Graph, Node, Program
 from ...ops import Op
@@ -26,7 +27,7 @@ from ...tensor import Tensor
 from ...rewrite.views import compose
 from ..cost import OP_FLOPS, CostModel, numel
 from ..decision import Decision
-from .encode import NAME_OPS, Encoding, bits_float32
+from .encode import NAME_OPS, Encoding
 
 INF = float("inf")
 EPS = 1e-12  # every e-node costs something, so a cheapest choice never forms a cycle
