@@ -247,3 +247,24 @@ def test_cached_plans_carry_their_repacks() -> None:
                 [table["repacks"][0][0], table["repacks"][0][1], 7, n, 68]):
         with pytest.raises(plan_cache.Uncacheable, match="repack entry"):
             plan_cache.validate(program, dict(table, repacks=[bad]))
+
+
+@pytest.mark.parametrize("flags", [None, NO_REPACK], ids=["build-repacks", "gguf-layout"])
+def test_the_search_runs_plans_with_repack_slots_as_the_executor_does(flags) -> None:
+    """Search times plans formed as the compile forms them, repack slots included (search/runner.py): its runner
+    binds each slot to the build's repacked copy, or to the constant where the build reads the GGUF layout, and
+    gives the executor's outputs."""
+    from lightspeed.backend.c.compiler import compile_shared
+    from lightspeed.backend.c.render import render_plan
+    from lightspeed.search.runner import PlanRunner
+    rng = np.random.default_rng(11)
+    k, n = 4 * 32, 48
+    raw = random_raw(QType.Q8_0, n, k, rng)
+    g, y = build(QType.Q8_0, k, n, raw, with_bias=False)
+    prog = g.compile([y], backend="c", activations="int16", plan_cache=False, flags=flags)
+    plan = executor(prog).plan
+    assert len(plan.repacks) == 1
+    xv = rng.standard_normal((5, k)).astype(np.float32)
+    runner = PlanRunner(plan, compile_shared(render_plan(plan), flags), {"x": xv}, {"seq": 5}, profile=False)
+    (got,), (want,) = runner.outputs(), prog(x=xv)
+    np.testing.assert_array_equal(got, want)

@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..backend.c.compiler import default_flags, find_compiler
-from ..backend.c.scheduling import assign_schedules, integer_dot_for
+from ..backend.c.scheduling import form_c_plan
 from ..graph import Program
-from ..kernel.fusion import KernelPlan, form_kernels
+from ..kernel.fusion import KernelPlan
 from ..rewrite import rewrite_program, rules
 from .lowering import LoweringChoice, choose_lowerings, find_alternatives
 from .measured import MeasuredChoice, measure_candidates
@@ -116,8 +116,7 @@ def search_compile(program: Program, plan: KernelPlan, level: int, budget_s: flo
                                                  tune_dims(new, dims), budget_s=left * RACE_SHARE)
     materialised = report.measured is not None and report.measured.form_options
     if new is not program or lower_only is not None or materialised:
-        plan = assign_schedules(form_kernels(new, **form_options, lower_only=lower_only),
-                                integer_dot=integer_dot_for(form_options))
+        plan = form_c_plan(new, dict(form_options, lower_only=lower_only))  # as the heuristics' plan is formed
     remaining = budget - (time.perf_counter() - t0)
     report.schedule = tune_schedule(new, plan, level, max(remaining, 0.0), cc, flags, dims, progress=progress)
     report.nodes, report.ops_changed = (len(program.nodes), len(new.nodes)), _ops_changed(program, new)

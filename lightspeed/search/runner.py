@@ -10,10 +10,13 @@ import cffi
 import numpy as np
 
 from .. import symbolic as sym
+from ..backend.c.repack import bind_repacks
 from ..kernel.fusion import KernelPlan
 
 _FFI = cffi.FFI()
-_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];")
+_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[]; "
+          "extern int ls_repack16_formats; "
+          "void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt);")
 
 
 class PlanRunner:
@@ -27,13 +30,19 @@ class PlanRunner:
         self.env = dict(env)
         self._inputs = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
         self._work = {k: v.copy() for k, v in self._inputs.items()}  # in-place kernels may write inputs
-        slots = len(plan.inputs) + len(plan.consts) + len({id(b) for b in plan.outputs})
+        slots = len(plan.inputs) + len(plan.consts) + len({id(b) for b in plan.outputs}) + len(plan.repacks)
         self.ptrs = _FFI.new("void *[]", max(slots, 1))
-        self._keep = []
         for b in plan.inputs:
             self.ptrs[b.slot] = _FFI.from_buffer(self._work[b.name])
         for b, c in plan.consts:
             self.ptrs[b.slot] = _FFI.from_buffer(c.array)
+        # weights some matmuls read in a layout of their own (backend/c/repack.py), as the executor binds them:
+        # the build's repacked copy, or the constant itself where the build reads the GGUF layout
+        by_slot = {b.slot: c.array for b, c in plan.consts}
+        self._repacked = bind_repacks(plan.repacks, int(self.lib.ls_repack16_formats), by_slot,
+                                      self._repack16) if plan.repacks else {}
+        for r in plan.repacks:
+            self.ptrs[r.slot] = _FFI.from_buffer(self._repacked.get(r.slot, by_slot[r.source_slot]))
         self.outs: list[np.ndarray] = []
         made: dict[int, np.ndarray] = {}
         for b in plan.outputs:
@@ -50,6 +59,9 @@ class PlanRunner:
             self.dims[i] = env[v.name]
         self._arena = np.zeros(plan.arena_bytes + 64, dtype=np.uint8)
         self.arena = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)
+
+    def _repack16(self, src: int, dst: int, rows: int, row_bytes: int, code: int) -> None:
+        self.lib.ls_repack16(_FFI.cast("const uint8_t *", src), _FFI.cast("uint8_t *", dst), rows, row_bytes, code)
 
     def outputs(self) -> list[np.ndarray]:
         """One run from fresh inputs; copies of the outputs."""
