@@ -9,6 +9,7 @@ import pytest
 import lightspeed as ls
 from lightspeed.backend.c.compiler import default_flags, find_compiler
 from lightspeed.graph import Program
+from lightspeed.kernel.fusion import form_kernels
 from lightspeed.search import explain, measured
 from lightspeed.search.graph_search import Candidate
 
@@ -100,41 +101,123 @@ def test_a_level_2_compile_reports_its_measurement():
 
 
 def _shared_value_program() -> tuple[Program, object]:
-    """A value of moderate cost read by two reductions: the heuristics store it, four times the recompute
-    threshold computes it inside each reduction."""
+    """A value of moderate cost read by two reductions: the heuristics store it; the other choice computes it
+    inside each reduction."""
     g = ls.Graph()
     x = g.input("x", (64, 128))
     v = ((x * 1.7).exp().sin() * x + 0.5).exp()
     return g, [v.sum(1), v.max(1)]
 
 
-def test_materialisation_settings_are_measured():
+def test_materialisation_points_are_measured():
     g, outs = _shared_value_program()
     program = Program.build(g, outs)
     cands = [Candidate("original", program, 1.0, True)]
     res = measured.measure_candidates(program, cands, "original", {}, find_compiler(), default_flags(), {},
                                       budget_s=60.0, use_cache=False)
-    # "store-shared" forms the heuristics' kernels here (the value is stored either way): timed once
-    assert set(res.materialise_seconds) == {"heuristics", "recompute"}, res
-    assert res.chosen == "original" and res.materialise in res.materialise_seconds
+    # the shared value is the one point (stored by the thresholds): it is timed recomputed against them
+    assert set(res.materialise_seconds) >= {"heuristics", "recompute Exp2[64, 128] x1"}, res
+    assert res.chosen == "original"
+    assert all(isinstance(k, str) and isinstance(v, bool) for k, v in res.materialise.items())
+
+
+def test_a_materialisation_choice_overrides_the_thresholds():
+    g, outs = _shared_value_program()
+    program = Program.build(g, outs)
+    base = form_kernels(program)
+    (point,) = base.materialise_points
+    assert point.stored and point.may_recompute and point.describe(False) == "recompute Exp2[64, 128] x1"
+    assert len(base.kernels) == 3 and len(base.temps) == 1  # the value, then the two reductions
+    flipped = form_kernels(program, materialise={point.signature: False})
+    assert len(flipped.kernels) == 2 and not flipped.temps
+    # an unknown signature changes nothing
+    assert len(form_kernels(program, materialise={"0" * 16: False}).kernels) == 3
+
+
+def test_a_point_has_one_signature_in_every_layer():
+    g = ls.Graph()
+    h = g.input("x", (32, 64)) + 1.0 + 1.0  # what the first layer reads looks like what the others read
+    outs = []
+    for layer in range(3):  # the same layer three times, each over its own weight
+        w = g.constant(np.random.default_rng(layer).standard_normal((64,)).astype(np.float32))
+        v = (h * w).exp()
+        outs += [v.sum(1), v.max(1)]
+        h = h + 1.0
+    points = form_kernels(Program.build(g, outs)).materialise_points
+    assert [p.nodes for p in points if p.op == "Exp2"] == [3], points
 
 
 def test_a_faster_materialisation_is_the_one_formed(monkeypatch):
     pytest.importorskip("egglog")
     rigged = []
 
-    def timed(names, plans, *args):  # the setting that recomputes is planted as much faster
+    def timed(names, plans, *args):  # the plan that recomputes the shared value is planted as much faster
         rigged.append(list(names))
-        return {n: (0.2 if n == "recompute" else 1.0) for n in names}, ""
+        return {n: (0.2 if n.startswith("recompute") else 1.0) for n in names}, ""
     monkeypatch.setattr(measured, "_timed", timed)
     g, outs = _shared_value_program()
     prog = g.compile(outs, backend="c", search=2, search_budget_s=40.0)
     m = prog.executor.search_report.measured
-    assert ["heuristics", "recompute"] in rigged and m.materialise == "recompute", m
+    label = "recompute Exp2[64, 128] x1"
+    assert ["heuristics", label] in rigged and m.materialise_chosen == [label], (m, rigged)
+    assert list(m.materialise.values()) == [False]
     assert len(prog.executor.plan.kernels) == 2  # the shared value is computed inside both reductions
     xs = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
     v = np.exp(np.sin(np.exp(xs * 1.7)) * xs + 0.5)
     got = prog(x=xs)
     np.testing.assert_allclose(got[0], v.sum(1), rtol=2e-4)  # vectorised exp and sin
     np.testing.assert_allclose(got[1], v.max(1), rtol=2e-4)
-    assert "measured materialisation: heuristics" in explain(prog)
+    assert "measured materialisation: heuristics" in explain(prog) and f"chosen {label}" in explain(prog)
+
+
+def test_a_choice_that_is_not_faster_again_is_not_taken(monkeypatch):
+    calls = []
+
+    def timed(names, plans, *args):  # faster in its batch, as slow as the heuristics when confirmed
+        calls.append(list(names))
+        fast = len(calls) == 1
+        return {n: (0.5 if fast and n != "heuristics" else 1.0) for n in names}, ""
+    monkeypatch.setattr(measured, "_timed", timed)
+    g, outs = _shared_value_program()
+    program = Program.build(g, outs)
+    res = measured.measure_candidates(program, [Candidate("original", program, 1.0, True)], "original", {},
+                                      find_compiler(), default_flags(), {}, budget_s=60.0, use_cache=False)
+    assert len(calls) == 2 and res.materialise == {} and res.materialise_chosen == [], (calls, res)
+
+
+def test_winning_choices_are_confirmed_together(monkeypatch):
+    g = ls.Graph()
+    x = g.input("x", (64, 128))
+    a = ((x * 1.7).exp().sin() * x + 0.5).exp()
+    b = ((x * 0.3).exp().sin() * x - 0.5).exp()
+    outs = [a.sum(1), a.max(1), b.sum(1), b.max(1)]
+    program = Program.build(g, outs)
+    calls = []
+
+    def timed(names, plans, *args):  # each choice alone is faster; together faster still
+        calls.append(list(names))
+        return {n: 0.3 if "together" in n else 1.0 if n == "heuristics" else 0.6 for n in names}, ""
+    monkeypatch.setattr(measured, "_timed", timed)
+    res = measured.measure_candidates(program, [Candidate("original", program, 1.0, True)], "original", {},
+                                      find_compiler(), default_flags(), {}, budget_s=60.0, use_cache=False)
+    assert calls[-1][-1] == "2 choices together", calls
+    assert len(res.materialise) == 2 and not any(res.materialise.values()) and len(res.materialise_chosen) == 2
+    assert len(form_kernels(program, **res.form_options).kernels) == 4  # both values computed in their readers
+
+
+def test_a_stored_materialisation_is_reused(monkeypatch):
+    monkeypatch.setattr(measured, "_timed", lambda names, plans, *a: ({n: 0.2 if n != "heuristics" else 1.0
+                                                                       for n in names}, ""))
+    g, outs = _shared_value_program()
+    program = Program.build(g, outs)
+    cands = [Candidate("original", program, 1.0, True)]
+    args = (program, cands, "original", {}, find_compiler(), default_flags(), {}, 60.0)
+    first = measured.measure_candidates(*args)
+    assert first.materialise and not first.from_cache
+
+    def no_timing(*a, **k):
+        raise AssertionError("a stored choice needs no timing")
+    monkeypatch.setattr(measured, "_timed", no_timing)
+    again = measured.measure_candidates(*args)
+    assert again.from_cache and again.materialise == first.materialise
+    assert again.materialise_chosen == first.materialise_chosen

@@ -10,6 +10,7 @@ a SumReduce (a matmul) is one reduction loop.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .. import dtypes as dt
@@ -20,6 +21,7 @@ from ..shape import ShapeTracker, unravel
 from ..symbolic import sint
 from . import ir
 from .ir import coefficient, dense_offset, loop_var
+from .materialise import MaterialisePoint, node_signature, shape_text
 from .matmul_form import match_matmul
 from .quantized import (QuantizedMatmul, activation_mode, activation_scratch_layout, match_quantized_matmul,
                         quantized_rows_bound, quantizes_activations)
@@ -37,6 +39,9 @@ LOWERED_MATCHERS = [match_attention, match_derived_attention]
 RECOMPUTE_MAX_COST = 12  # a value read by several kernels is recomputed when cheaper than this
 EXPAND_MAX_COST = 8  # a value read through a broadcast is recomputed when cheaper than this
 TRANSCENDENTAL = {Op.EXP2: 4, Op.LOG2: 4, Op.SIN: 8, Op.SQRT: 2, Op.RECIP: 2}
+# a value is recomputed by its readers, when a choice asks for it, only below this cost (the generated code of
+# each reader grows with it)
+RECOMPUTE_CAP = 256
 
 
 @dataclass
@@ -53,6 +58,8 @@ class KernelPlan:
     # C backend: constants some kernels read in a layout of their own, made at load (backend/c/repack.py);
     # each takes a pointer slot after all the others
     repacks: list = field(default_factory=list)
+    # the nodes whose buffer was a choice (materialise.py), by signature, as formation met them
+    materialise_points: list[MaterialisePoint] = field(default_factory=list)
 
 
 def _expands(st: ShapeTracker) -> bool:
@@ -74,11 +81,15 @@ class Former:
     def __init__(self, program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None, gemm: bool = True, byte_loads: bool = False,
                  fuse_reduced: bool = False, recompute_max_cost: int = RECOMPUTE_MAX_COST,
-                 expand_max_cost: int = EXPAND_MAX_COST):
+                 expand_max_cost: int = EXPAND_MAX_COST, materialise: Mapping[str, bool] | None = None):
         self.program = program
         # which values get a buffer: one read by several kernels (or through a broadcast) is recomputed by each
-        # reader when it costs less than these (search level 2 times other settings: search/measured.py)
+        # reader when it costs less than these, unless ``materialise`` decides that point (signature -> store;
+        # search level 2 measures such decisions: search/measured.py)
         self.recompute_max_cost, self.expand_max_cost = recompute_max_cost, expand_max_cost
+        self.materialise = dict(materialise or {})
+        self.points: dict[str, MaterialisePoint] = {}
+        self._signatures: dict[tuple[int, int], str] = {}
         # a value read only by one reduction, through a plain view, is computed inside the reduction loop
         # however expensive (a product with a dequantized weight): storing it saves no work, only memory
         self.fuse_reduced = fuse_reduced
@@ -223,17 +234,37 @@ class Former:
         if n.op in REDUCE:
             if len(uses) != 1 or not _injective_plain(uses[0][1]):
                 return True
-            return self._reduce_schedule(n) in ("tiled", "gemm")
+            # computed inside its one reader unless its own schedule needs a buffer: storing it is a choice
+            return self._reduce_schedule(n) in ("tiled", "gemm") or self._choose(n, False, may_recompute=False)
         cost = self._cost(n)
         if cost >= (1 << 20):  # contains an inlined reduction
-            return len(uses) > 1 or any(not _injective_plain(st) for _, st in uses)
+            if len(uses) > 1 or any(not _injective_plain(st) for _, st in uses):
+                return True
+            return self._choose(n, False, may_recompute=False)
         if self.fuse_reduced and len(uses) == 1 and uses[0][0].op in REDUCE and _injective_plain(uses[0][1]):
             return False
-        if len(uses) > 1 and cost > self.recompute_max_cost:
-            return True
-        if any(_expands(st) for _, st in uses) and cost > self.expand_max_cost:
-            return True
-        return cost > 16 * max(self.recompute_max_cost, RECOMPUTE_MAX_COST)
+        shared, expanded = len(uses) > 1, any(_expands(st) for _, st in uses)
+        expensive = cost > 16 * max(self.recompute_max_cost, RECOMPUTE_MAX_COST)
+        if not (shared or expanded or expensive):
+            return False  # cheap, read once through a plain view: computed where it is read, no choice
+        stored = (shared and cost > self.recompute_max_cost) or (expanded and cost > self.expand_max_cost) \
+            or expensive
+        return self._choose(n, stored, may_recompute=cost <= RECOMPUTE_CAP)
+
+    def _choose(self, n: Node, stored: bool, may_recompute: bool) -> bool:
+        """Whether to store ``n``, a materialisation point: the heuristics' answer ``stored`` unless
+        ``materialise`` decides its signature (recomputing only where ``may_recompute``)."""
+        sig = node_signature(n, self._signatures)
+        p = self.points.get(sig)
+        if p is None:
+            p = self.points[sig] = MaterialisePoint(sig, n.op.value, shape_text(n), stored, may_recompute)
+        p.may_recompute = p.may_recompute and may_recompute
+        p.nodes += 1
+        p.elements += sym.upper_bound(sym.prod(n.shape))
+        want = self.materialise.get(sig)
+        if want is None or (not want and not may_recompute):
+            return stored
+        return want
 
     def _reduce_schedule(self, n: Node) -> str:
         """'tiled' (accumulate a tile of the last output axis per step of the reduced axis) when that reads
@@ -386,7 +417,7 @@ class Former:
         kernels = kept[::-1]
         temps = [b for b in temps if id(b) in needed] + [b for k in kernels for b in k.scratch]
         plan = KernelPlan(kernels, inputs, consts, [out_bufs[n.id] for n in self.outputs], temps,
-                          dims=list(self.program.dims))
+                          dims=list(self.program.dims), materialise_points=list(self.points.values()))
         plan.arena_bytes = plan_memory(plan)
         return plan
 
@@ -491,7 +522,8 @@ def plan_memory(plan: KernelPlan, align: int = 64) -> int:
 def form_kernels(program: Program, use_templates: bool = True, activations: str = "float",
                  lower_only: frozenset[int] | None = None, gemm: bool = True,
                  byte_loads: bool = False, fuse_reduced: bool = False, recompute_max_cost: int = RECOMPUTE_MAX_COST,
-                 expand_max_cost: int = EXPAND_MAX_COST) -> KernelPlan:
+                 expand_max_cost: int = EXPAND_MAX_COST, materialise: Mapping[str, bool] | None = None
+                 ) -> KernelPlan:
     """The kernel plan of ``program``; ``use_templates=False`` runs every subgraph as generic fused loops;
     ``activations`` is how quantized matmuls take their activations: "float" (float32, exact decode),
     "int16" or "int8" (quantized per block of 32 once per call: faster, not bit-exact);
@@ -502,6 +534,8 @@ def form_kernels(program: Program, use_templates: bool = True, activations: str 
     a value that only one reduction reads inside that reduction however expensive it is (the GPU backends:
     a product with a dequantized weight is otherwise stored as a [seq, k, n] temporary);
     ``recompute_max_cost`` / ``expand_max_cost``: a value read by several kernels / through a broadcast is
-    recomputed by its readers below that cost (counted in elementwise ops), else stored once."""
+    recomputed by its readers below that cost (counted in elementwise ops), else stored once; ``materialise``
+    overrides those thresholds per materialisation point (signature -> store; see materialise.py and the
+    plan's ``materialise_points``)."""
     return Former(program, use_templates, activations, lower_only, gemm, byte_loads, fuse_reduced,
-                  recompute_max_cost, expand_max_cost).plan()
+                  recompute_max_cost, expand_max_cost, materialise).plan()

@@ -67,7 +67,10 @@ def _graph(r) -> list[str]:
         out.append(f"  measured candidates: {m.note}")
     if m is not None and m.materialise_seconds:
         times = ", ".join(f"{name} {_ms(t)}" for name, t in m.materialise_seconds.items())
-        out.append(f"  measured materialisation: {times}; chosen {m.materialise}")
+        chosen = ", ".join(m.materialise_chosen) or "the heuristics' thresholds"
+        out.append(f"  measured materialisation: {times}; chosen {chosen}")
+    if m is not None and m.materialise_note:
+        out.append(f"  {m.materialise_note}")
     before, after = r.nodes
     change = ", ".join(f"{op} {a} -> {b}" for op, (a, b) in r.ops_changed.items()) or "no op count changed"
     if before or after:

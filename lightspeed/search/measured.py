@@ -5,15 +5,18 @@ The cost model ranks the candidates of graph search (the original, its rewrite, 
 it cannot know everything kernel formation and the compiler make of a program. So, at search level 2, the
 candidates that are known to compute the reference's values (the original, the rewrite under the built-in
 exact rules, any candidate that passed the reference check) and differ from each other are formed, rendered
-and compiled as the compile itself would, run on the same random inputs at the tuning dimensions, checked to
-agree with the first, and timed in alternating rounds (so a noisy machine slows them alike). The fastest by
-its best run wins when it beats the model's choice by more than ``MIN_GAIN``; otherwise the model's choice
-stands.
+and compiled as the compile itself would (``form_c_plan``: epilogues fused, weights repacked), run on the same
+random inputs at the tuning dimensions, checked to agree with the first, and timed in alternating rounds (so a
+noisy machine slows them alike). The fastest by its best run wins when it beats the model's choice by more
+than ``MIN_GAIN``; otherwise the model's choice stands.
 
-Then the chosen program's kernels are formed under other settings of which values get a buffer
-(``MATERIALISATION``: the heuristics' recompute thresholds, every shared value stored, four times as much
-recomputed); the settings that form different kernels are timed the same way and the fastest is taken, again
-only by more than ``MIN_GAIN``.
+Then which values get a buffer is decided for the chosen program, point by point: kernel formation reports
+its materialisation points (kernel/materialise.py: nodes whose buffer it decided by a threshold, grouped by
+structure, so one point covers every layer), the largest first (``MAX_POINTS``) are each formed the other way,
+and the plans that differ are timed against the heuristics' plan in batches (``BATCH``, every batch times the
+heuristics' plan again, so each choice is a ratio measured in one run). The choices faster by more than
+``MIN_GAIN`` are then formed together, and the best single choice, the combination and the heuristics' plan
+are timed once more: the fastest is taken only when it still beats the heuristics by ``MIN_GAIN`` there.
 
 The outcome is stored in the tuning cache under a key of the original program's structure, the dimension
 values, the package's code, the compiler and the CPU: compiling the same program again takes the stored choice
@@ -31,9 +34,8 @@ import numpy as np
 from ..backend.c.compiler import CompilerError, compile_shared, compiler_identity, cpu_signature, runtime_library
 from ..backend.c.plan_cache import Uncacheable, plan_key
 from ..backend.c.render import render_plan
-from ..backend.c.scheduling import assign_schedules, integer_dot_for
+from ..backend.c.scheduling import form_c_plan
 from ..graph import Program
-from ..kernel.fusion import form_kernels
 from . import tuning_cache
 from .check import outputs_agree, plan_tolerance, random_inputs
 from .runner import PlanRunner, in_background
@@ -44,33 +46,30 @@ MIN_TIMING_S = 0.3  # and more rounds until this long has passed (a small progra
 MAX_ROUNDS = 500
 
 
-# which values get a buffer (kernel.fusion.form_kernels): a value read by several kernels, or through a
-# broadcast, is recomputed by each reader when cheaper than these costs; the heuristics' setting and two others
-DEFAULT_MATERIALISATION = "heuristics"
-MATERIALISATION: dict[str, dict[str, int]] = {
-    DEFAULT_MATERIALISATION: {},
-    "store-shared": {"recompute_max_cost": 0, "expand_max_cost": 0},   # every shared value stored once
-    "recompute": {"recompute_max_cost": 48, "expand_max_cost": 32},    # four times as much recomputed
-}
+MAX_POINTS = 16  # materialisation points tried, the largest (elements in all) first
+BATCH = 4  # plans compiled and timed together: the heuristics' plan and three choices
 
 
 @dataclass
 class MeasuredChoice:
     """What measurement decided: best seconds of a whole run per candidate name, the name chosen (None:
-    the cost model's choice stands), the materialisation setting chosen for it (a key of ``MATERIALISATION``)
-    and the times of those settings, whether it came from the tuning cache, and a note when nothing was
-    measured."""
+    the cost model's choice stands), the materialisation decisions chosen for it (signature -> store, empty:
+    the heuristics' thresholds everywhere) with their labels, the times of the plans tried for them (by label,
+    "heuristics" for the thresholds' plan) and a note on what was not timed, whether it came from the tuning
+    cache, and a note when no candidate was measured."""
     seconds: dict[str, float] = field(default_factory=dict)
     chosen: str | None = None
-    materialise: str = DEFAULT_MATERIALISATION
+    materialise: dict[str, bool] = field(default_factory=dict)
+    materialise_chosen: list[str] = field(default_factory=list)
     materialise_seconds: dict[str, float] = field(default_factory=dict)
+    materialise_note: str = ""
     from_cache: bool = False
     note: str = ""
 
     @property
-    def form_options(self) -> dict[str, int]:
-        """The form_kernels options of the chosen materialisation."""
-        return dict(MATERIALISATION[self.materialise])
+    def form_options(self) -> dict:
+        """The form_kernels options of the chosen materialisation (none: the heuristics')."""
+        return {"materialise": dict(self.materialise)} if self.materialise else {}
 
 
 def choice_key(program: Program, env: dict[str, int], form_options: dict, cc: str) -> str | None:
@@ -132,8 +131,8 @@ def measure_candidates(original: Program, candidates: list, model_choice: str, f
                        flags: list[str], env: dict[str, int], budget_s: float, seed: int = 0,
                        use_cache: bool = True) -> MeasuredChoice:
     """Time the ``candidates`` (graph_search.Candidate) known to be valid, as the compile would form them, then
-    the chosen one's materialisation settings (``MATERIALISATION``); see the module docstring. ``model_choice``
-    is the name the cost model chose."""
+    the chosen one's materialisation points; see the module docstring. ``model_choice`` is the name the cost
+    model chose."""
     deadline = time.perf_counter() + budget_s
     res = MeasuredChoice()
     known = [c for c in candidates if c.valid is True]
@@ -151,46 +150,96 @@ def measure_candidates(original: Program, candidates: list, model_choice: str, f
     if key is not None:
         entry = tuning_cache.load(key)
         knobs = entry["knobs"] if entry is not None else {}
-        if knobs.get("graph") in rep and knobs.get("materialise", DEFAULT_MATERIALISATION) in MATERIALISATION:
-            res.chosen, res.materialise = knobs["graph"], knobs.get("materialise", DEFAULT_MATERIALISATION)
+        stored = knobs.get("materialise", {})
+        if knobs.get("graph") in rep and isinstance(stored, dict) \
+                and all(isinstance(k, str) and isinstance(v, bool) for k, v in stored.items()):
+            res.chosen, res.materialise = knobs["graph"], dict(stored)
+            res.materialise_chosen = [str(x) for x in knobs.get("materialise_chosen", [])]
             res.seconds, res.from_cache = dict(entry.get("seconds", {})), True
+            res.materialise_seconds = dict(entry.get("materialise_seconds", {}))
             return res
-    options = {k: v for k, v in form_options.items() if k != "lower_only"}
+    options = {k: v for k, v in form_options.items() if k not in ("lower_only", "materialise")}
     pick = next((c for c in known if c.name == model_choice), distinct[0] if distinct else None)
     if pick is None:
         res.note = "no valid candidate to measure"
         return res
     if len(distinct) > 1:
-        plans = [assign_schedules(form_kernels(c.program, **options, lower_only=c.lower_only),
-                                  integer_dot=integer_dot_for(options)) for c in distinct]
+        plans = [form_c_plan(c.program, dict(options, lower_only=c.lower_only)) for c in distinct]
         seconds, res.note = _timed([c.name for c in distinct], plans, original, cc, flags, env, deadline, seed)
         if seconds is None:
             return res
         res.seconds = seconds
         res.chosen = decide(seconds, model_choice, rep)
         pick = next(c for c in known if c.name == res.chosen)
-    # which values get a buffer, for the chosen program: the heuristics' thresholds against the others
-    plans, names, sources = [], [], set()
-    for name, setting in MATERIALISATION.items():
-        plan = assign_schedules(form_kernels(pick.program, **options, **setting, lower_only=pick.lower_only),
-                                integer_dot=integer_dot_for(options))
-        text = render_plan(plan)
-        if text not in sources:  # a setting that forms the same kernels is not compiled again
-            sources.add(text)
-            plans.append(plan)
-            names.append(name)
-    if len(plans) > 1 and time.perf_counter() < deadline:
-        seconds, note = _timed(names, plans, original, cc, flags, env, deadline, seed)
-        if seconds is not None:
-            res.materialise_seconds = seconds
-            res.materialise = decide(seconds, DEFAULT_MATERIALISATION, {})
-        else:
-            res.note = note
-    if res.chosen is None and res.materialise == DEFAULT_MATERIALISATION and not res.materialise_seconds:
-        res.note = res.note or "one distinct valid candidate and one distinct kernel plan: nothing to measure"
+    if time.perf_counter() < deadline:
+        choice = _materialisation(pick, original, options, cc, flags, env, deadline, seed)
+        res.materialise, res.materialise_chosen, res.materialise_seconds, res.materialise_note = choice
+    else:
+        res.materialise_note = "materialisation: not measured, no budget left"
+    if res.chosen is None and not res.materialise_seconds:
+        res.note = res.note or "one distinct valid candidate and no materialisation choice: nothing to measure"
         return res
     res.chosen = res.chosen or pick.name
     if key is not None:
-        tuning_cache.store(key, {"knobs": {"graph": res.chosen, "materialise": res.materialise},
+        tuning_cache.store(key, {"knobs": {"graph": res.chosen, "materialise": res.materialise,
+                                           "materialise_chosen": res.materialise_chosen},
                                  "seconds": res.seconds, "materialise_seconds": res.materialise_seconds})
     return res
+
+
+def _materialisation(pick, original: Program, options: dict, cc: str, flags: list[str], env: dict[str, int],
+                     deadline: float, seed: int) -> tuple[dict[str, bool], list[str], dict[str, float], str]:
+    """(decisions, their labels, seconds by label, note) for the materialisation points of ``pick``'s program
+    (see the module docstring); no decisions: the heuristics' plan stands."""
+    def plan_of(decisions: dict[str, bool]):
+        return form_c_plan(pick.program, dict(options, lower_only=pick.lower_only, materialise=decisions))
+
+    base = plan_of({})
+    seen = {render_plan(base)}
+    tries: list[tuple[str, dict[str, bool], object]] = []
+    for p in sorted(base.materialise_points, key=lambda p: -p.elements):
+        if len(tries) >= MAX_POINTS or time.perf_counter() >= deadline:
+            break
+        if p.stored and not p.may_recompute:
+            continue
+        decisions = {p.signature: not p.stored}
+        plan = plan_of(decisions)
+        text = render_plan(plan)
+        if text not in seen:  # a choice that forms the same kernels is not compiled
+            seen.add(text)
+            tries.append((p.describe(not p.stored), decisions, plan))
+    seconds: dict[str, float] = {}
+    ratios: dict[str, float] = {}
+    note = ""
+    for start in range(0, len(tries), BATCH - 1):
+        if time.perf_counter() >= deadline:
+            note = f"materialisation: {len(ratios)} of {len(tries)} choices timed within the budget"
+            break
+        batch = tries[start:start + BATCH - 1]
+        got, why = _timed(["heuristics"] + [t[0] for t in batch], [base] + [t[2] for t in batch], original, cc,
+                          flags, env, deadline, seed)
+        if got is None:
+            note = "materialisation " + why
+            continue
+        seconds["heuristics"] = min(seconds.get("heuristics", float("inf")), got["heuristics"])
+        for label, _, _ in batch:
+            seconds[label] = got[label]
+            ratios[label] = got[label] / got["heuristics"]
+    winners = sorted((t for t in tries if ratios.get(t[0], 1.0) < 1 - MIN_GAIN), key=lambda t: ratios[t[0]])
+    if not winners or time.perf_counter() >= deadline:
+        return {}, [], seconds, note
+    # confirm: the best single choice, and all winners together, against the heuristics once more
+    finalists = [(winners[0][0], winners[0][1], winners[0][2])]
+    if len(winners) > 1:
+        together = {k: v for t in winners for k, v in t[1].items()}
+        finalists.append((f"{len(winners)} choices together", together, plan_of(together)))
+    got, why = _timed(["heuristics"] + [f[0] for f in finalists], [base] + [f[2] for f in finalists], original,
+                      cc, flags, env, deadline, seed + 1)
+    if got is None:
+        return {}, [], seconds, "materialisation " + why
+    seconds.update({f"{label} (again)": got[label] for label in got})
+    best = min(finalists, key=lambda f: got[f[0]])
+    if got[best[0]] >= got["heuristics"] * (1 - MIN_GAIN):
+        return {}, [], seconds, note
+    labels = [t[0] for t in winners] if best is not finalists[0] else [best[0]]
+    return dict(best[1]), labels, seconds, note
