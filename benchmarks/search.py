@@ -72,8 +72,17 @@ def workloads(large: bool):
         rng = np.random.default_rng(3)
         return g, [F.scaled_dot_product_attention(q, k, v, causal=True)], {n: rand(rng, (4, 1024, 64)) for n in "qkv"}
 
-    return out + [("softmax 1024x4096", softmax), ("layer_norm 4096x1024", layer_norm),
-                  ("attention causal 4 heads x 1024 x 64", attention)]
+    def gelu_mlp():
+        g = ls.Graph()
+        x, b1 = g.input("x", (512, 768)), g.input("b1", (3072,))
+        w1, w2 = g.input("w1", (768, 3072)), g.input("w2", (3072, 768))
+        rng = np.random.default_rng(4)
+        return g, [F.gelu(x @ w1 + b1, approximate="tanh") @ w2], {
+            "x": rand(rng, (512, 768)), "b1": rand(rng, (3072,)), "w1": rand(rng, (768, 3072)) * 0.03,
+            "w2": rand(rng, (3072, 768)) * 0.02}
+
+    return out + [("mlp gelu 512x768x3072", gelu_mlp), ("softmax 1024x4096", softmax),
+                  ("layer_norm 4096x1024", layer_norm), ("attention causal 4 heads x 1024 x 64", attention)]
 
 
 def bench_search(name, build, level: int, budget: float, runs: int) -> dict:
@@ -85,6 +94,7 @@ def bench_search(name, build, level: int, budget: float, runs: int) -> dict:
     tuned = g.compile(outs, backend="c", search=level, search_budget_s=budget)
     search_s = time.perf_counter() - t
     report = tuned.executor.search_report
+    measured = report.measured
     a, b = heur(**inputs), tuned(**inputs)
     for x, y in zip(a, b):
         np.testing.assert_allclose(y, x, rtol=1e-3, atol=1e-4)
@@ -94,7 +104,10 @@ def bench_search(name, build, level: int, budget: float, runs: int) -> dict:
             "ratio": th[0] / ts[0], "ratio_median": th[1] / ts[1], "compile_s": heur_compile,
             "search_s": search_s, "budget_s": budget, "stopped_by": sched.stopped_by if sched else None,
             "graph": report.graph, "tuned_kernels": len(sched.choice) if sched else 0,
-            "knobs": sched.choice if sched else {}}
+            "knobs": sched.choice if sched else {},
+            # level 2: which values get a buffer, measured point by point (search/measured.py)
+            "materialise": measured.materialise_chosen if measured else None,
+            "materialise_ms": {k: v * 1e3 for k, v in measured.materialise_seconds.items()} if measured else {}}
 
 
 def bench_attention_4096(runs: int, heads: int = 4) -> dict:
@@ -194,6 +207,10 @@ def main() -> None:
             print(f"{r['name']:42s} heuristics {r['heuristics_ms']:9.3f} ms  search {r['search_ms']:9.3f} ms  "
                   f"ratio {r['ratio']:5.2f} (median {r['ratio_median']:5.2f})  search {r['search_s']:5.1f} s "
                   f"[{r['stopped_by']}, {r['tuned_kernels']} kernels tuned, graph: {r['graph']}]", flush=True)
+            if r["materialise_ms"]:
+                times = ", ".join(f"{k} {v:.2f}" for k, v in r["materialise_ms"].items())
+                print(f"{'':42s} materialisation (ms): {times}; chosen {r['materialise'] or 'the heuristics'}",
+                      flush=True)
     if not args.no_attention_4096 and not args.only:
         r = bench_attention_4096(max(3, args.runs // 3))
         results.append(r)
