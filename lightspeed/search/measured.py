@@ -110,7 +110,7 @@ def _timed(names: list[str], plans: list, original: Program, cc: str, flags: lis
     first = runners[0].outputs()
     rtol, atol = plan_tolerance(plans[0])
     for name, r in zip(names[1:], runners[1:]):
-        if not outputs_agree(first, r.outputs(), rtol=rtol, atol=atol):
+        if not outputs_agree(first, r.outputs(), rtol=rtol, atol=atol, dtypes=[b.dtype for b in plans[0].outputs]):
             return None, f"not measured: {name!r} disagrees with {names[0]!r} when compiled"
     best = [float("inf")] * len(runners)
     for r in runners:  # warm caches and the thread pool
