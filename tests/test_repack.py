@@ -77,7 +77,7 @@ def executor(prog):
 @pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
 def test_the_layout_is_the_documented_one(qtype: QType) -> None:
     """ls_repack16 is portable C in every build: its output is the numpy layout, whole groups and tail alike."""
-    from lightspeed.backend.c import _repack16
+    from lightspeed.backend.c.library import repack16
     rng = np.random.default_rng(7 + int(qtype))
     k = 3 * block_format(qtype).block_elems
     raw = random_raw(qtype, 16, k, rng)
@@ -86,7 +86,7 @@ def test_the_layout_is_the_documented_one(qtype: QType) -> None:
     for rows in (16, 40, 7):
         src = random_raw(qtype, rows, k, rng)
         dst = np.zeros_like(src)
-        _repack16(executor(prog)._lib)(src.ctypes.data, dst.ctypes.data, rows, src.shape[1], REPACK_CODES[qtype])
+        repack16(executor(prog)._lib)(src.ctypes.data, dst.ctypes.data, rows, src.shape[1], REPACK_CODES[qtype])
         np.testing.assert_array_equal(dst, reference_layout(src, qtype))
         assert rows < GROUP or not np.array_equal(dst, src)
 

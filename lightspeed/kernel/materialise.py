@@ -46,10 +46,9 @@ def node_signature(n: Node, memo: dict[tuple[int, int], str], depth: int = SIGNA
     key = (n.id, depth)
     if key in memo:
         return memo[key]
-    if n.op in (Op.INPUT, Op.CONST) and (n.op is Op.INPUT or isinstance(n.arg, ArrayConst)):
-        arg = ""  # a weight or an input: which one does not matter, so layers share signatures
-    else:
-        arg = repr(n.arg)
+    # a weight or an input: which one does not matter, so layers share signatures
+    anonymous = n.op is Op.INPUT or (n.op is Op.CONST and isinstance(n.arg, ArrayConst))
+    arg = "" if anonymous else repr(n.arg)
     parts = [n.op.value, arg, n.dtype.name, repr(tuple(n.shape))]
     if depth > 0:
         for s, st in n.srcs:
@@ -60,5 +59,5 @@ def node_signature(n: Node, memo: dict[tuple[int, int], str], depth: int = SIGNA
 
 
 def shape_text(n: Node) -> str:
-    """``n``'s shape as a short text (symbolic dimensions by name)."""
+    """``n``'s shape as a short text (symbolic dimensions at their upper bounds)."""
     return "[" + ", ".join(str(s) if isinstance(s, int) else str(sym.upper_bound(s)) for s in n.shape) + "]"

@@ -28,6 +28,7 @@ import concurrent.futures as cf
 import hashlib
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from ..backend.c.plan_cache import Uncacheable, plan_key
 from ..backend.c.render import render_plan
 from ..backend.c.scheduling import form_c_plan
 from ..graph import Program
+from ..kernel.fusion import KernelPlan
 from . import tuning_cache
 from .check import outputs_agree, plan_tolerance, random_inputs
 from .runner import PlanRunner, in_background
@@ -93,12 +95,22 @@ def decide(seconds: dict[str, float], model_choice: str, same_as: dict[str, str]
     return model_choice if base is not None and seconds[fastest] >= base * (1 - MIN_GAIN) else fastest
 
 
-def _timed(names: list[str], plans: list, original: Program, cc: str, flags: list[str], env: dict[str, int],
-           deadline: float, seed: int) -> tuple[dict[str, float] | None, str]:
+class _Formed(NamedTuple):
+    """A kernel plan and its rendered source (rendered once: SmolLM2's step takes ~0.3 s)."""
+    plan: KernelPlan
+    source: str
+
+
+def _formed(plan: KernelPlan) -> _Formed:
+    return _Formed(plan, render_plan(plan))
+
+
+def _timed(names: list[str], plans: list[_Formed], original: Program, cc: str, flags: list[str],
+           env: dict[str, int], deadline: float, seed: int) -> tuple[dict[str, float] | None, str]:
     """(best seconds of a whole run per name, "") for ``plans`` compiled and run on the same inputs, or (None,
     why not): a compile past ``deadline``, a compiler error, or a plan whose outputs disagree with the first's."""
     runtime_library()  # the thread pool, loaded with global symbols before any kernel library
-    builds = [in_background(compile_shared, render_plan(p), flags, cc) for p in plans]
+    builds = [in_background(compile_shared, f.source, flags, cc) for f in plans]
     try:
         paths = [f.result(timeout=max(deadline - time.perf_counter(), 0.0)) for f in builds]
     except cf.TimeoutError:
@@ -106,11 +118,12 @@ def _timed(names: list[str], plans: list, original: Program, cc: str, flags: lis
     except CompilerError as e:
         return None, f"not measured: {e}"
     inputs = random_inputs(original, env, np.random.default_rng(seed))
-    runners = [PlanRunner(p, path, inputs, env, profile=False) for p, path in zip(plans, paths)]
+    runners = [PlanRunner(f.plan, path, inputs, env, profile=False) for f, path in zip(plans, paths)]
     first = runners[0].outputs()
-    rtol, atol = plan_tolerance(plans[0])
+    rtol, atol = plan_tolerance(plans[0].plan)
+    dtypes = [b.dtype for b in plans[0].plan.outputs]
     for name, r in zip(names[1:], runners[1:]):
-        if not outputs_agree(first, r.outputs(), rtol=rtol, atol=atol, dtypes=[b.dtype for b in plans[0].outputs]):
+        if not outputs_agree(first, r.outputs(), rtol=rtol, atol=atol, dtypes=dtypes):
             return None, f"not measured: {name!r} disagrees with {names[0]!r} when compiled"
     best = [float("inf")] * len(runners)
     for r in runners:  # warm caches and the thread pool
@@ -164,7 +177,7 @@ def measure_candidates(original: Program, candidates: list, model_choice: str, f
         res.note = "no valid candidate to measure"
         return res
     if len(distinct) > 1:
-        plans = [form_c_plan(c.program, dict(options, lower_only=c.lower_only)) for c in distinct]
+        plans = [_formed(form_c_plan(c.program, dict(options, lower_only=c.lower_only))) for c in distinct]
         seconds, res.note = _timed([c.name for c in distinct], plans, original, cc, flags, env, deadline, seed)
         if seconds is None:
             return res
@@ -187,27 +200,36 @@ def measure_candidates(original: Program, candidates: list, model_choice: str, f
     return res
 
 
+class _Choice(NamedTuple):
+    label: str  # e.g. "recompute Exp2[64, 128] x30"
+    decisions: dict[str, bool]  # signature -> store
+    plan: _Formed
+
+
 def _materialisation(pick, original: Program, options: dict, cc: str, flags: list[str], env: dict[str, int],
                      deadline: float, seed: int) -> tuple[dict[str, bool], list[str], dict[str, float], str]:
     """(decisions, their labels, seconds by label, note) for the materialisation points of ``pick``'s program
     (see the module docstring); no decisions: the heuristics' plan stands."""
-    def plan_of(decisions: dict[str, bool]):
-        return form_c_plan(pick.program, dict(options, lower_only=pick.lower_only, materialise=decisions))
+    def plan_of(decisions: dict[str, bool]) -> _Formed:
+        return _formed(form_c_plan(pick.program, dict(options, lower_only=pick.lower_only, materialise=decisions)))
+
+    def timed(choices: list[_Choice], seed: int) -> tuple[dict[str, float] | None, str]:
+        return _timed(["heuristics"] + [c.label for c in choices], [base] + [c.plan for c in choices], original,
+                      cc, flags, env, deadline, seed)
 
     base = plan_of({})
-    seen = {render_plan(base)}
-    tries: list[tuple[str, dict[str, bool], object]] = []
-    for p in sorted(base.materialise_points, key=lambda p: -p.elements):
+    seen = {base.source}
+    tries: list[_Choice] = []
+    for p in sorted(base.plan.materialise_points, key=lambda p: -p.elements):
         if len(tries) >= MAX_POINTS or time.perf_counter() >= deadline:
             break
         if p.stored and not p.may_recompute:
             continue
         decisions = {p.signature: not p.stored}
         plan = plan_of(decisions)
-        text = render_plan(plan)
-        if text not in seen:  # a choice that forms the same kernels is not compiled
-            seen.add(text)
-            tries.append((p.describe(not p.stored), decisions, plan))
+        if plan.source not in seen:  # a choice that forms the same kernels is not compiled
+            seen.add(plan.source)
+            tries.append(_Choice(p.describe(not p.stored), decisions, plan))
     seconds: dict[str, float] = {}
     ratios: dict[str, float] = {}
     note = ""
@@ -216,30 +238,28 @@ def _materialisation(pick, original: Program, options: dict, cc: str, flags: lis
             note = f"materialisation: {len(ratios)} of {len(tries)} choices timed within the budget"
             break
         batch = tries[start:start + BATCH - 1]
-        got, why = _timed(["heuristics"] + [t[0] for t in batch], [base] + [t[2] for t in batch], original, cc,
-                          flags, env, deadline, seed)
+        got, why = timed(batch, seed)
         if got is None:
             note = "materialisation " + why
             continue
         seconds["heuristics"] = min(seconds.get("heuristics", float("inf")), got["heuristics"])
-        for label, _, _ in batch:
-            seconds[label] = got[label]
-            ratios[label] = got[label] / got["heuristics"]
-    winners = sorted((t for t in tries if ratios.get(t[0], 1.0) < 1 - MIN_GAIN), key=lambda t: ratios[t[0]])
+        for c in batch:
+            seconds[c.label] = got[c.label]
+            ratios[c.label] = got[c.label] / got["heuristics"]
+    winners = sorted((c for c in tries if ratios.get(c.label, 1.0) < 1 - MIN_GAIN), key=lambda c: ratios[c.label])
     if not winners or time.perf_counter() >= deadline:
         return {}, [], seconds, note
     # confirm: the best single choice, and all winners together, against the heuristics once more
-    finalists = [(winners[0][0], winners[0][1], winners[0][2])]
+    finalists = [winners[0]]
     if len(winners) > 1:
-        together = {k: v for t in winners for k, v in t[1].items()}
-        finalists.append((f"{len(winners)} choices together", together, plan_of(together)))
-    got, why = _timed(["heuristics"] + [f[0] for f in finalists], [base] + [f[2] for f in finalists], original,
-                      cc, flags, env, deadline, seed + 1)
+        together = {k: v for c in winners for k, v in c.decisions.items()}
+        finalists.append(_Choice(f"{len(winners)} choices together", together, plan_of(together)))
+    got, why = timed(finalists, seed + 1)
     if got is None:
         return {}, [], seconds, "materialisation " + why
     seconds.update({f"{label} (again)": got[label] for label in got})
-    best = min(finalists, key=lambda f: got[f[0]])
-    if got[best[0]] >= got["heuristics"] * (1 - MIN_GAIN):
+    best = min(finalists, key=lambda c: got[c.label])
+    if got[best.label] >= got["heuristics"] * (1 - MIN_GAIN):
         return {}, [], seconds, note
-    labels = [t[0] for t in winners] if best is not finalists[0] else [best[0]]
-    return dict(best[1]), labels, seconds, note
+    labels = [c.label for c in winners] if best is not finalists[0] else [best.label]
+    return dict(best.decisions), labels, seconds, note

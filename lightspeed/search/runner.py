@@ -6,17 +6,12 @@ import concurrent.futures as cf
 import threading
 import time
 
-import cffi
 import numpy as np
 
 from .. import symbolic as sym
+from ..backend.c.library import FFI as _FFI, repack16
 from ..backend.c.repack import bind_repacks
 from ..kernel.fusion import KernelPlan
-
-_FFI = cffi.FFI()
-_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[]; "
-          "extern int ls_repack16_formats; "
-          "void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt);")
 
 
 class PlanRunner:
@@ -40,7 +35,7 @@ class PlanRunner:
         # the build's repacked copy, or the constant itself where the build reads the GGUF layout
         by_slot = {b.slot: c.array for b, c in plan.consts}
         self._repacked = bind_repacks(plan.repacks, int(self.lib.ls_repack16_formats), by_slot,
-                                      self._repack16) if plan.repacks else {}
+                                      repack16(self.lib)) if plan.repacks else {}
         for r in plan.repacks:
             self.ptrs[r.slot] = _FFI.from_buffer(self._repacked.get(r.slot, by_slot[r.source_slot]))
         self.outs: list[np.ndarray] = []
@@ -59,9 +54,6 @@ class PlanRunner:
             self.dims[i] = env[v.name]
         self._arena = np.zeros(plan.arena_bytes + 64, dtype=np.uint8)
         self.arena = _FFI.cast("char *", (self._arena.ctypes.data + 63) // 64 * 64)
-
-    def _repack16(self, src: int, dst: int, rows: int, row_bytes: int, code: int) -> None:
-        self.lib.ls_repack16(_FFI.cast("const uint8_t *", src), _FFI.cast("uint8_t *", dst), rows, row_bytes, code)
 
     def outputs(self) -> list[np.ndarray]:
         """One run from fresh inputs; copies of the outputs."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 import weakref
 
-import cffi
 
 import numpy as np
 
@@ -17,14 +16,10 @@ from .activations import resolve_activations, source_prefix
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
+from .library import FFI as _FFI, repack16
 from .repack import REPACK_CODES, bind_repacks
 from .render import render_plan
 from .scheduling import form_c_plan
-
-_FFI = cffi.FFI()
-_FFI.cdef("void ls_graph(void **bufs, const int64_t *dims, char *arena); extern int64_t ls_profile_ns[];"
-          "extern int ls_repack16_formats; "
-          "void ls_repack16(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t rb, int qt);")
 
 try:  # the backend's from_buffer skips a Python-level wrapper (about 0.4 us per buffer)
     _from_buffer_raw = _FFI._backend.from_buffer
@@ -76,13 +71,6 @@ def _weights_on_huge_pages(arrays: list[np.ndarray], keep: frozenset[int] = froz
         out[k] = region.copy(arrays[k], release=True, maps=maps)
         _COPIES.put(arrays[k], out[k])
     return out
-
-
-def _repack16(lib):
-    """The library's ls_repack16 as a function of integer addresses."""
-    def repack(src: int, dst: int, rows: int, row_bytes: int, code: int) -> None:
-        lib.ls_repack16(_FFI.cast("const uint8_t *", src), _FFI.cast("uint8_t *", dst), rows, row_bytes, code)
-    return repack
 
 
 class _RowTargets:
@@ -172,7 +160,7 @@ class CBackend:
         repacked = {}
         if plan.repacks:
             by_slot = {b.slot: a for (b, _), a in zip(plan.consts, self._consts)}
-            repacked = bind_repacks(plan.repacks, int(self._lib.ls_repack16_formats), by_slot, _repack16(self._lib))
+            repacked = bind_repacks(plan.repacks, int(self._lib.ls_repack16_formats), by_slot, repack16(self._lib))
         kept = frozenset(r.source_slot for r in plan.repacks if r.slot in repacked)
         if huge_pages:
             self._consts = _weights_on_huge_pages(
