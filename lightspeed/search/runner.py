@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from .. import symbolic as sym
-from ..backend.c.library import FFI as _FFI, repack16
+from ..backend.c.library import FFI as _FFI, repack_layout
 from ..backend.c.repack import bind_repacks
 from ..kernel.fusion import KernelPlan
 
@@ -34,8 +34,7 @@ class PlanRunner:
         # weights some matmuls read in a layout of their own (backend/c/repack.py), as the executor binds them:
         # the build's repacked copy, or the constant itself where the build reads the GGUF layout
         by_slot = {b.slot: c.array for b, c in plan.consts}
-        self._repacked = bind_repacks(plan.repacks, int(self.lib.ls_repack16_formats), by_slot,
-                                      repack16(self.lib)) if plan.repacks else {}
+        self._repacked = bind_repacks(plan.repacks, repack_layout(self.lib), by_slot) if plan.repacks else {}
         for r in plan.repacks:
             self.ptrs[r.slot] = _FFI.from_buffer(self._repacked.get(r.slot, by_slot[r.source_slot]))
         self.outs: list[np.ndarray] = []

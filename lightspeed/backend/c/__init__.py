@@ -16,7 +16,7 @@ from .activations import resolve_activations, source_prefix
 from .compiler import (CompilerError, compile_shared, default_flags, find_compiler, get_num_threads,
                        runtime_library, set_num_threads, set_spin_time)
 from .plan_cache import lookup as lookup_plan
-from .library import FFI as _FFI, repack16
+from .library import FFI as _FFI, repack_layout
 from .repack import REPACK_CODES, bind_repacks
 from .render import render_plan
 from .scheduling import form_c_plan
@@ -160,7 +160,7 @@ class CBackend:
         repacked = {}
         if plan.repacks:
             by_slot = {b.slot: a for (b, _), a in zip(plan.consts, self._consts)}
-            repacked = bind_repacks(plan.repacks, int(self._lib.ls_repack16_formats), by_slot, repack16(self._lib))
+            repacked = bind_repacks(plan.repacks, repack_layout(self._lib), by_slot)
         kept = frozenset(r.source_slot for r in plan.repacks if r.slot in repacked)
         if huge_pages:
             self._consts = _weights_on_huge_pages(

@@ -16,7 +16,8 @@
  * against ~3.2. q8_0 is built only with -DLS_QDOT16X4_Q8_0: its per-row kernel is already near one core's
  * memory bandwidth (14.5 GB/s), and four rows read side by side, 612 bytes apart, defeat the hardware
  * prefetcher (9.5-10.6 GB/s whatever the software prefetch; faster only in cache, 23.7 against 19.4 GB/s).
- * -DLS_NO_QDOT16X4 (or LS_PORTABLE) keeps qdecode.h's kernel everywhere. */
+ * -DLS_NO_QDOT16X4 (or LS_PORTABLE) keeps qdecode.h's kernel everywhere. q4_0 and q4_1 weights with a repack slot
+ * are read in groups of 8 rows by repack8.h instead (these kernels then take the matrix's last rows only). */
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(LS_PORTABLE)
 #define LS_HAVE_QDOT16_AVX2 1
 #endif

@@ -282,6 +282,30 @@ static void ls_qg_micro(const float *restrict x, int64_t K, const float *restric
     }
 }
 
+/* out[m, j] (row stride N) for n weight rows at w (stride rb bytes) and M activation rows (stride K): a K chunk
+ * of up to LS_QG_RMAX weight rows at a time decoded into a buffer (by decode, in L2), then the micro-kernels
+ * over it (the values and order of the register-decoding kernel below, for any M) */
+typedef void (*ls_qg_decode_fn)(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n,
+                                float *restrict dst);
+static void ls_qg_decoded(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K,
+                          int64_t n, float *restrict out, int64_t N, ls_qg_decode_fn decode) {
+    const int64_t nblk = K / 32, cb = ls_qg_chunk_blocks(nblk);
+    float buf[LS_QG_RMAX * LS_QG_KCB * 32] __attribute__((aligned(64)));
+    for (int64_t j0 = 0; j0 < n; j0 += LS_QG_RMAX) {
+        const int64_t nj = ls_min(LS_QG_RMAX, n - j0);
+        for (int64_t b0 = 0; b0 < nblk; b0 += cb) {
+            const int64_t nb = ls_min(cb, nblk - b0), kc = 32 * nb;
+            decode(w + j0 * rb, rb, b0, nb, nj, buf);
+            for (int64_t m0 = 0; m0 < M; m0 += LS_QG_MR) {
+                const int mr = (int)ls_min(LS_QG_MR, M - m0), nr = ls_qg_nr(mr);
+                for (int64_t j = 0; j < nj; j += nr)
+                    ls_qg_micro(x + m0 * K + 32 * b0, K, buf + j * kc, kc, out + m0 * N + j0 + j, N, b0 == 0,
+                                mr, (int)ls_min(nr, nj - j));
+            }
+        }
+    }
+}
+
 /* A few activation rows (MR <= 8, stride K) against NR weight rows (stride rb bytes) decoded in registers:
  * each weight block is decoded once and feeds MR x 4 FMAs (decode, batched decode). MR x NR accumulators,
  * at least 8 where the rows allow, so that the 4-cycle FMA latency does not bound the dependent chains. */
@@ -355,7 +379,7 @@ static void NAME##_few(const uint8_t *restrict w, int64_t rb, const float *restr
 #define LS_QG_KERNELS(NAME, VALS, BB, SH, ST, PREP) \
 LS_QG_REGS(NAME, VALS, BB, SH, ST, PREP) \
 /* a chunk of nb blocks (from block b0) of n weight rows into dst (row stride 32 * nb floats) */ \
-static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n, \
+static void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t b0, int64_t nb, int64_t n, \
                                  float *restrict dst) { \
     ST st; \
     for (int64_t j = 0; j < n; j++) \
@@ -371,23 +395,8 @@ static inline void NAME##_decode(const uint8_t *restrict w, int64_t rb, int64_t 
 /* out[m, j] (row stride N) for n weight rows at w (stride rb bytes) and M activation rows (stride K) */ \
 static void NAME(const uint8_t *restrict w, int64_t rb, const float *restrict x, int64_t M, int64_t K, \
                  int64_t n, float *restrict out, int64_t N) { \
-    const int64_t nblk = K / 32; \
-    if (M <= LS_QG_FEW) { NAME##_few(w, rb, x, M, K, nblk, n, out, N); return; } \
-    float buf[LS_QG_RMAX * LS_QG_KCB * 32] __attribute__((aligned(64))); \
-    const int64_t cb = ls_qg_chunk_blocks(nblk); \
-    for (int64_t j0 = 0; j0 < n; j0 += LS_QG_RMAX) { \
-        const int64_t nj = ls_min(LS_QG_RMAX, n - j0); \
-        for (int64_t b0 = 0; b0 < nblk; b0 += cb) { \
-            const int64_t nb = ls_min(cb, nblk - b0), kc = 32 * nb; \
-            NAME##_decode(w + j0 * rb, rb, b0, nb, nj, buf); \
-            for (int64_t m0 = 0; m0 < M; m0 += LS_QG_MR) { \
-                const int mr = (int)ls_min(LS_QG_MR, M - m0), nr = ls_qg_nr(mr); \
-                for (int64_t j = 0; j < nj; j += nr) \
-                    ls_qg_micro(x + m0 * K + 32 * b0, K, buf + j * kc, kc, out + m0 * N + j0 + j, N, b0 == 0, \
-                                mr, (int)ls_min(nr, nj - j)); \
-            } \
-        } \
-    } \
+    if (M <= LS_QG_FEW) { NAME##_few(w, rb, x, M, K, K / 32, n, out, N); return; } \
+    ls_qg_decoded(w, rb, x, M, K, n, out, N, NAME##_decode); \
 }
 #if !defined(__AVX512F__)  /* (AVX-512 CPUs have their own kernels of these three: qdecode.h) */
 LS_QG_KERNELS(ls_qgemm_q8_0, LS_QG_VALS_Q8_0, 34, 0, ls_qg_st_none, LS_QG_PREP_NONE)

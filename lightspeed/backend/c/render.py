@@ -35,7 +35,7 @@ from .loop_split import Split, split_inner, split_reductions, substitute
 
 PRELUDE = "".join((Path(__file__).with_name(h)).read_text()
                   for h in ("prelude.h", "qdecode.h", "qdot16x16.h", "qdot16x4.h", "qamx.h", "qvnni.h", "qgemm.h",
-                            "qdot16k.h", "hgemm.h", "idot.h"))
+                            "repack8.h", "repack.h", "qdot16k.h", "hgemm.h", "idot.h"))
 # defaults of what a kernel's schedule may set (Grain, a tiled kernel's Register n / m): read, never written
 PARALLEL_GRAIN = 1 << 15  # estimated operations below which a kernel runs on the calling thread
 TILE = 16  # outputs accumulated at once by a tiled reduction
@@ -558,9 +558,13 @@ class KernelRenderer:
             narrow = [] if mode == "int8" else [
                 f"#elif defined(LS_HAVE_QDOT16X4_{tname})",
                 f"            n += ls_qdot16x4_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, {xargs}"]
-            # weights repacked for the 16-row kernels where this build reads them so (repack.py)
+            # weights repacked where this build reads them so (repack.py): for the 16-row kernels (AVX-512), or in
+            # groups of 8 rows (AVX2, repack8.h)
             repacked = [f"#if defined(LS_REPACK16_{tname})",
                         f"            n += ls_qdot16x16r_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, "
+                        f"{xargs}",
+                        f"#elif defined(LS_REPACK8_{tname})",
+                        f"            n += ls_qdot16x8r_{tname}(wraw + n * {row_bytes}LL, {row_bytes}, n1 - n, "
                         f"{xargs}",
                         f"#elif defined({wide[0]})"] if q.weights_layout == "r16" else [f"#if defined({wide[0]})"]
             pairs = ["            int64_t n = n0;", *repacked,
@@ -607,10 +611,14 @@ class KernelRenderer:
             lines += ["            continue;", "        }"] + (["#endif"] if every_count else []) + quant_lines
         elif k.scratch and q.activations == "int16":  # int16 has a portable form: no float path to fall back to
             # ... except "auto" on AVX2: a call of many rows takes qgemm.h's float kernel
-            lines += ["#if defined(LS_AUTO_QGEMM)",
-                      f"        if (M > LS_QUANT_ROWS_MAX) {{ ls_qgemm_{tname}(wraw + n0 * {row_bytes}LL, "
-                      f"{row_bytes}, xs, M, {K}, n1 - n0, out + n0, N); continue; }}",
-                      "#endif"] + quant_lines
+            qgemm_call = (f"ls_qgemm_{{}}{tname}(wraw + n0 * {row_bytes}LL, {row_bytes}, xs, M, {K}, n1 - n0, "
+                          f"out + n0, N);")
+            long_call = [f"            {qgemm_call.format('')}"]
+            if q.weights_layout == "r16":  # the float kernel over the AVX2 layout where this build reads it
+                long_call = [f"#if defined(LS_REPACK8_{tname})", f"            {qgemm_call.format('r8_')}",
+                             "#else", *long_call, "#endif"]
+            lines += ["#if defined(LS_AUTO_QGEMM)", "        if (M > LS_QUANT_ROWS_MAX) {", *long_call,
+                      "            continue;", "        }", "#endif"] + quant_lines
         else:  # every template format has qgemm.h's kernels
             lines += quant_lines + self.qgemm_lines(q, tname, K, nblk, row_bytes, row_groups, bool(quant_lines))
         lines += ["    }", "}"]

@@ -6,6 +6,11 @@ one decode row was compute-bound at about the speed of the memory stream. From t
 (``ls_repack16`` in qdot16x16.h: per group of 16 rows, their scales, then each block's quant bytes lane by lane)
 a block is a few aligned loads, ~3x less work, and decode is bound by memory again.
 
+AVX2 builds without AVX-512 read Q4_0 and Q4_1 repacked too, in groups of 8 rows (repack8.h: per block the 8 rows'
+scales, their minimums, then each row's nibbles), by their int16 kernels and by qgemm.h's float kernel of longer
+calls; the library names its layout (``ls_repack_rows``: 16 or 8, ``library.RepackLayout``), and copies are shared
+within one layout only.
+
 The choice has three parts that must agree:
 
 - ``add_repacks`` (a plan pass): every int16 Q8_0 / Q4_0 / Q4_1 / Q5_0 matmul whose weights are a constant that
@@ -15,7 +20,8 @@ The choice has three parts that must agree:
   over the GGUF layout); read repacked it takes the 16-row kernel at every row count, so its scratch grows to the
   call's rows;
 - the rendered source says which formats this build reads repacked (``ls_repack16_formats``: the build has the
-  16-row kernel of the format and nothing that reads the weights in the GGUF layout: no float rows, no AMX tiles);
+  16-row kernel of the format and nothing that reads the weights in the GGUF layout: no float rows, no AMX tiles;
+  or, on AVX2, repack8.h's kernels for every row count);
 - the executor (``bind_repacks``) fills each slot with a repacked copy where the build reads it repacked, else
   with the constant itself, so every other build (AVX2, portable) runs exactly as before.
 
@@ -38,6 +44,7 @@ from ...kernel import ir
 from ...kernel.fusion import KernelPlan, plan_memory
 from ...kernel.quantized import activation_scratch_layout, quantized_rows_bound
 from ...quant import QType, block_format
+from .library import RepackLayout
 
 GROUP = 16  # weight rows per group of the repacked layout (qdot16x16.h)
 # the formats with a repacked layout, by the code qdot16x16.h's ls_repack16 takes (bit k of ls_repack16_formats)
@@ -117,14 +124,14 @@ def add_repacks(plan: KernelPlan) -> KernelPlan:
 _COPIES = memory.SharedCopies()
 
 
-def _kind(r: Repack) -> tuple:
-    return ("r16", r.code, r.rows, r.row_bytes)
+def _kind(r: Repack, layout: RepackLayout) -> tuple:
+    return (f"r{layout.rows}", r.code, r.rows, r.row_bytes)
 
 
-def repacked_copy(source: np.ndarray, r: Repack, repack_fn, region: memory.HugePageRegion) -> np.ndarray:
+def repacked_copy(source: np.ndarray, r: Repack, layout: RepackLayout, region: memory.HugePageRegion) -> np.ndarray:
     """The repacked copy of ``source`` (uint8, ``r.rows`` x ``r.row_bytes``) taken from ``region``, made by
-    ``repack_fn(src address, dst address, rows, row_bytes, code)`` (the library's ls_repack16) a chunk of groups
-    at a time; the file pages under each chunk of a read-only source are handed back once it is copied."""
+    ``layout.make`` (the library's ls_repack16) a chunk of groups at a time; the file pages under each chunk of a
+    read-only source are handed back once it is copied."""
     if source.dtype != np.uint8 or source.shape != (r.rows, r.row_bytes) or not source.flags.c_contiguous:
         raise ValueError(f"repack: constant of {source.dtype}{source.shape} is not the uint8 "
                          f"({r.rows}, {r.row_bytes}) matrix the plan expects")
@@ -133,24 +140,25 @@ def repacked_copy(source: np.ndarray, r: Repack, repack_fn, region: memory.HugeP
     step = max(GROUP, COPY_CHUNK // r.row_bytes // GROUP * GROUP)
     for lo in range(0, r.rows, step):
         n = min(step, r.rows - lo)  # whole groups, but for the last chunk's rows after the last group
-        repack_fn(source.ctypes.data + lo * r.row_bytes, out.ctypes.data + lo * r.row_bytes, n, r.row_bytes, r.code)
+        layout.make(source.ctypes.data + lo * r.row_bytes, out.ctypes.data + lo * r.row_bytes, n, r.row_bytes,
+                    r.code)
         if maps is not None:
             memory.release_file_pages([source[lo:lo + n]], maps)
-    _COPIES.put(source, out, *_kind(r))
+    _COPIES.put(source, out, *_kind(r, layout))
     return out
 
 
-def bind_repacks(repacks: list[Repack], formats: int, consts: dict[int, np.ndarray], repack_fn
+def bind_repacks(repacks: list[Repack], layout: RepackLayout, consts: dict[int, np.ndarray]
                  ) -> dict[int, np.ndarray]:
-    """The repacked copy of every repack slot whose format this build reads repacked (``formats``: the library's
-    ls_repack16_formats); ``consts``: the constants' arrays by slot, as the program holds them. The other slots
-    must point where their source constant's slot points (the caller binds them after its own copies). The new
-    copies share one huge-page region (each region is at least one 2 MiB page)."""
+    """The repacked copy of every repack slot whose format the build reads repacked (``layout``: the library's,
+    ``library.repack_layout``); ``consts``: the constants' arrays by slot, as the program holds them. The other
+    slots must point where their source constant's slot points (the caller binds them after its own copies). The
+    new copies share one huge-page region (each region is at least one 2 MiB page)."""
     arrays, todo = {}, []
     for r in repacks:
-        if not formats >> r.code & 1:  # this build reads the GGUF layout
+        if not layout.formats >> r.code & 1:  # this build reads the GGUF layout
             continue
-        shared = _COPIES.get(consts[r.source_slot], *_kind(r))
+        shared = _COPIES.get(consts[r.source_slot], *_kind(r, layout))
         if shared is not None:
             arrays[r.slot] = shared
         else:
@@ -158,5 +166,5 @@ def bind_repacks(repacks: list[Repack], formats: int, consts: dict[int, np.ndarr
     if todo:
         region = memory.HugePageRegion(memory.region_bytes(consts[r.source_slot] for r in todo))
         for r in todo:
-            arrays[r.slot] = repacked_copy(consts[r.source_slot], r, repack_fn, region)
+            arrays[r.slot] = repacked_copy(consts[r.source_slot], r, layout, region)
     return arrays
