@@ -360,7 +360,11 @@ def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
 
 
 LANES = 8  # floats per vector of the few-rows path (ls_v8 in the prelude)
-VALUE_CHUNKS = 4  # vectors of value columns the few-rows path accumulates at once (times up to 3 rows)
+VALUE_CHUNKS = 4  # vectors of value columns the few-rows path accumulates at once per row, at most
+# ... and per row count at most this many accumulators on targets with 16 vector registers (AVX2): nr x G of them,
+# nr weight broadcasts and the value vector must fit, or gcc keeps the accumulators on the stack (3 rows x 4: every
+# FMA of a key stored and reloaded; Zen 3, SmolLM2's decode attention at 544 keys: 65 -> 46 us a layer, one thread)
+NARROW_VALUE_ACCUMULATORS = 8
 
 
 def _lanes_fit(t: AttentionKernel, prod: _Product | None, KB: int) -> bool:
@@ -622,11 +626,20 @@ def _few_rows_values(r, t: AttentionKernel) -> list[str]:
     """acc[rr] += sum_jj ps[rr][jj] * value(j0 + jj) for few query rows; each row's accumulator stays
     in vector registers over the block. Value rows are read in place when they can be."""
     E, L = t.width, LANES
-    G = max(g for g in range(1, VALUE_CHUNKS + 1) if (E // L) % g == 0)  # whole groups of vectors
+
+    def groups(most: int) -> int:  # whole groups of vectors
+        return max(g for g in range(1, max(1, most) + 1) if (E // L) % g == 0)
 
     def rows(nr: int, ptrs: str, load: str) -> list[str]:
+        wide, narrow = groups(VALUE_CHUNKS), groups(min(VALUE_CHUNKS, NARROW_VALUE_ACCUMULATORS // nr))
+        if wide == narrow:
+            return rows_of(nr, ptrs, load, wide)
+        return (["#if defined(__AVX512F__)"] + rows_of(nr, ptrs, load, wide) + ["#else"]
+                + rows_of(nr, ptrs, load, narrow) + ["#endif"])
+
+    def rows_of(nr: int, ptrs: str, load: str, G: int) -> list[str]:
         # G vectors of columns at a time: each value row's part is loaded (and widened) once for the nr query
-        # rows; every element accumulates over the keys in order, as for one row alone
+        # rows; every element accumulates over the keys in order, as for one row alone (whatever G)
         return [f"                    for (int64_t e0 = 0; e0 < {E}; e0 += {G * L}) {{",
                 f"                        ls_v8 av[{nr}][{G}];",
                 f"                        for (int rr = 0; rr < {nr}; rr++)",
