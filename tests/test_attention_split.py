@@ -90,12 +90,13 @@ def test_odd_head_and_value_sizes():
     check(*build(d=12, dv=20), POSITIONS, d=12, dv=20)
 
 
-@pytest.mark.parametrize("rep,d,dv", [(1, 64, 64), (2, 32, 48), (3, 16, 40), (3, 256, 256), (4, 64, 64),
-                                      (5, 16, 40), (6, 64, 48)])
+@pytest.mark.parametrize("rep,d,dv", [(1, 64, 64), (1, 256, 256), (2, 32, 48), (3, 16, 40), (3, 256, 256),
+                                      (4, 64, 64), (4, 256, 256), (5, 16, 40), (6, 64, 48)])
 def test_every_few_rows_count_and_value_width(rep, d, dv):
-    """The few-rows path is rendered per row count (1-3 query rows of a KV head, 1-6 where the target has
-    AVX-512's 32 vector registers; more take the register tiles) and takes the value columns in groups of up to
-    4 vectors (48 columns: 2 groups of 3, 40: 5 of 1; Gemma's 256: 8 of 4)."""
+    """The few-rows path is rendered per row count (1-4 query rows of a KV head, 1-6 where the target has
+    AVX-512's 32 vector registers; more take the register tiles), computes the dot products of 1-2 rows for
+    several keys side by side, and takes the value columns in groups of up to 4 vectors (48 columns: 2 groups of
+    3, 40: 5 of 1; Gemma's 256: 8 of 4), of fewer for 3-4 rows without AVX-512 (at most 8 accumulators)."""
     check(*build(d=d, dv=dv, rep=rep, kv_dtype=ls.float16), POSITIONS[:6], kv_dtype=np.float16, d=d, dv=dv,
           rep=rep)
 

@@ -31,7 +31,9 @@ KEYS = 32  # keys per streamed block (a multiple of 16)
 # register tiles (rows, vectors) of the dot products and the value accumulation, per vector width:
 # 32 vector registers (AVX-512) hold 4 x 4 accumulators, 16 (AVX2 and narrower) hold 4 x 2
 TILES = {64: (4, 4), 32: (4, 2), 16: (4, 2)}
-FEW_ROWS = 4  # a work item with fewer query rows than this (decode) computes dot products row by row
+FEW_ROWS = 5  # a work item with fewer query rows than this (decode) computes dot products row by row
+# (4 rows: Gemma 3's decode, 4 query heads a KV head; within 16 registers since NARROW_VALUE_ACCUMULATORS: 0.97-1.05
+# against 1.39-1.44 ms of attention a step on the register-tile path, Zen 3, 2 threads)
 # ... on targets with 32 vector registers (AVX-512): up to 6 rows' value accumulators (6 x 4 vectors) stay in
 # registers, and a 2-token call of a model with 3 query heads a KV head (6 rows) skips staging the keys
 # transposed for a register tile: SmolLM2's 2-token call at position 1300 took 2.70 ms of attention, 5.05 on
@@ -360,6 +362,8 @@ def _values(r, t: AttentionKernel, KB: int, widths) -> list[str]:
 
 
 LANES = 8  # floats per vector of the few-rows path (ls_v8 in the prelude)
+# keys whose dot products the few-rows path computes side by side, by row count (a power of two dividing LANES)
+KEYS_SIDE_BY_SIDE = {1: 4, 2: 2}
 VALUE_CHUNKS = 4  # vectors of value columns the few-rows path accumulates at once per row, at most
 # ... and per row count at most this many accumulators on targets with 16 vector registers (AVX2): nr x G of them,
 # nr weight broadcasts and the value vector must fit, or gcc keeps the accumulators on the stack (3 rows x 4: every
@@ -584,17 +588,23 @@ def _few_rows_scores(r, t: AttentionKernel, prod: _Product, KB: int) -> list[str
 
     def rows(nr: int, ptrs: str, load: str) -> list[str]:
         # each key's row is loaded (and widened) once for the nr query rows; every row's sums are those of
-        # one row alone (the same products in the same order), so its bits do not depend on nr
+        # one row alone (the same products in the same order), so its bits do not depend on nr. U keys go
+        # side by side, so that at least ~4 chains of FMAs are in flight (one row alone had one chain: every
+        # FMA waited for the one before)
+        U = KEYS_SIDE_BY_SIDE.get(nr, 1)
         return [f"                    for (int64_t jj = 0; jj < jn; jj += {L}) {{",
                 f"                        ls_v8 dots[{nr}][{L}];",
-                f"                        for (int u = 0; u < {L}; u++) {{",
-                f"                            ls_v8 d[{nr}] = {{{{0}}}};",
+                f"                        for (int u = 0; u < {L}; u += {U}) {{",
+                f"                            ls_v8 d[{nr}][{U}] = {{{{{{0}}}}}};",
                 f"                            for (int64_t c = 0; c < {D // L}; c++) {{",
-                f"                                const ls_v8 kc = {load}({ptrs}[jj + u] + {L} * c);",
-                f"                                for (int rr = 0; rr < {nr}; rr++) "
-                f"d[rr] += ls_load8(&qs[rr][{L} * c]) * kc;",
+                f"                                for (int v = 0; v < {U}; v++) {{",
+                f"                                    const ls_v8 kc = {load}({ptrs}[jj + u + v] + {L} * c);",
+                f"                                    for (int rr = 0; rr < {nr}; rr++) "
+                f"d[rr][v] += ls_load8(&qs[rr][{L} * c]) * kc;",
+                "                                }",
                 "                            }",
-                f"                            for (int rr = 0; rr < {nr}; rr++) dots[rr][u] = d[rr];",
+                f"                            for (int rr = 0; rr < {nr}; rr++)",
+                f"                                for (int v = 0; v < {U}; v++) dots[rr][u + v] = d[rr][v];",
                 "                        }",
                 f"                        for (int rr = 0; rr < {nr}; rr++) {{",
                 "                            const ls_v8 sums = ls_sum8x8(dots[rr]);",
@@ -651,8 +661,10 @@ def _few_rows_values(r, t: AttentionKernel) -> list[str]:
                 f"                                for (int rr = 0; rr < {nr}; rr++) av[rr][c] += ps[rr][jj] * vc;",
                 "                            }",
                 "                        }",
-                f"                        for (int rr = 0; rr < {nr}; rr++) "
-                "memcpy(&acc[rr][e0], av[rr], sizeof av[rr]);",
+                # vector by vector: a memcpy of the whole of av[rr] kept av on the stack, every FMA's result stored
+                # and reloaded (gcc 12; Gemma 3's head_dim 256)
+                f"                        for (int rr = 0; rr < {nr}; rr++) for (int c = 0; c < {G}; c++) "
+                f"memcpy(&acc[rr][e0 + {L} * c], &av[rr][c], sizeof av[rr][c]);",
                 "                    }"]
 
     def body(ptrs: str, load: str) -> list[str]:
