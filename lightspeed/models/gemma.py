@@ -36,6 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..frontend import gelu, linear, rms_norm, rope, rope_inv_freq, scaled_dot_product_attention, tanh
+from .. import symbolic as sym
 from ..graph import Graph
 from ..io import GGUFFile, ModelFolder, ModelFormatError, Tokenizer
 from ..io.plausibility import (MAX_CONTEXT, MAX_LAYERS, MAX_VOCAB, REQUIRED, arch_float, arch_int, check_layers,
@@ -322,14 +323,22 @@ class Gemma(CausalLM):
         k = rope(self._norm(g, k, p + "attn_k_norm.weight"), pos=kv.pos, theta=theta, inv_freq=inv_freq)
         keys = kv.append(f"k{i}", k).permute(1, 0, 2)                           # [kv_heads, total, head_dim]
         values = kv.append(f"v{i}", v).permute(1, 0, 2)
+        # the query heads that share a KV head are the rows of one attention problem (as in llama.py): row
+        # r = s * rep + h is head kv * rep + h at position pos + s, so each block of keys and values is read once
+        # for all of them, not once per query head
+        rep = c.n_heads // c.n_kv_heads
+        rows = sym.mul(seq, rep)
+        grouped = q.reshape((seq, c.n_kv_heads, rep, c.head_dim)).permute(1, 0, 2, 3).contiguous()
+        grouped = grouped.reshape((c.n_kv_heads, rows, c.head_dim))
         key_pos = g.iota(kv.total).reshape((1, kv.total))
-        query_pos = kv.positions.reshape((seq, 1))
+        query_pos = kv.positions.reshape((seq, 1)).expand((seq, rep)).reshape((rows, 1))
         visible = key_pos <= query_pos
         if sliding:
             visible = visible & (query_pos - c.sliding_window < key_pos)
         scale = 1.0 / math.sqrt(c.query_pre_attn_scalar)
-        out = scaled_dot_product_attention(q.permute(1, 0, 2), keys, values, visible, scale=scale)
-        out = out.permute(1, 0, 2).reshape((seq, c.n_heads * c.head_dim)).contiguous()
+        out = scaled_dot_product_attention(grouped, keys, values, visible, scale=scale)  # [kv_heads, rows, head_dim]
+        out = out.reshape((c.n_kv_heads, seq, rep, c.head_dim)).permute(1, 0, 2, 3)
+        out = out.reshape((seq, c.n_heads * c.head_dim)).contiguous()
         return linear(out, self._w(g, p + "attn_output.weight"))
 
     def mlp(self, g: Graph, h: Tensor, i: int) -> Tensor:
