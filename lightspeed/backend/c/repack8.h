@@ -10,9 +10,8 @@
  * Every row's arithmetic is that of qdecode.h's per-row int16 kernel and of qgemm.h's float kernel (the same
  * integer products, scale products, FMAs and sums in the same order), so a row has the same bits in either
  * layout, alone or batched; tests/test_repack8.py compares builds with and without -DLS_NO_REPACK8 (-DLS_NO_REPACK16
- * switches every repacked layout off). Rows after
- * the last whole group of the matrix stay in the GGUF layout (callers start every call at a multiple of 8 rows
- * of the matrix: the renderer's work items are multiples of 16). */
+ * switches every repacked layout off). Rows after the last whole group of the matrix stay in the GGUF layout
+ * (callers start every call at a multiple of 8 rows of the matrix: the renderer's work items are multiples of 16). */
 #if defined(LS_HAVE_QDOT16X4) && defined(LS_HAVE_QGEMM) && !defined(__AVX512F__) && !defined(LS_NO_REPACK8) \
     && !defined(LS_NO_REPACK16)
 #define LS_REPACK8 1
