@@ -3,11 +3,13 @@
 The models store a layer's keys (and values) as ``[position, kv_head, head_dim]``: one KV head's row is
 ``head_dim`` elements of every ``kv_heads * head_dim``. A head-major cache ``[kv_head, position, head_dim]``
 holds each head's rows back to back. This builds one attention of ``--rows`` query rows per KV head (SmolLM2's
-3 KV heads of 64, float16 caches) over ``--pos`` keys in both layouts and times its kernel (``profile=True``):
-"hot" reruns one layer's cache (it stays in L2), "cold" walks ``--layers`` caches in turn, as a decode step
-does. Prints microseconds per layer and the cache bytes read per second, median of ``--rounds``.
+3 KV heads of 64 unless ``--kv-heads`` and ``--head-dim`` say otherwise; float16 caches) over ``--pos`` keys in
+both layouts and times its kernel (``profile=True``): "hot" reruns one layer's cache (it stays in L2), "cold"
+walks ``--layers`` caches in turn, as a decode step does. Prints microseconds per layer and the cache bytes
+read per second, median of ``--rounds``.
 
     python benchmarks/attention_layout.py [--threads 1] [--rows 3] [--pos 512] [--layers 60] [--rounds 15]
+    python benchmarks/attention_layout.py --kv-heads 1 --head-dim 256 --rows 4 --layers 36   # Gemma 3 270M
 """
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ from lightspeed.graph import Graph
 KV_HEADS, HEAD_DIM = 3, 64
 
 
-def build(layout: str, ctx: int, rows: int):
-    """The compiled attention over caches of ``layout`` ("interleaved" or "head-major") and their shape."""
+def build(layout: str, ctx: int, rows: int, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM):
+    """The compiled attention over caches of ``layout`` ("interleaved" or "head-major") and their shape
+    (SmolLM2's KV heads by default; Gemma 3 270M: 1 of 256, 4 rows)."""
     g = Graph()
     pos = sym.dim("pos", 1, ctx)
-    q = g.input("q", (KV_HEADS, rows, HEAD_DIM), dt.float32)
-    shape = (ctx, KV_HEADS, HEAD_DIM) if layout == "interleaved" else (KV_HEADS, ctx, HEAD_DIM)
+    q = g.input("q", (kv_heads, rows, head_dim), dt.float32)
+    shape = (ctx, kv_heads, head_dim) if layout == "interleaved" else (kv_heads, ctx, head_dim)
     k = g.input("k", shape, dt.float16)
     v = g.input("v", shape, dt.float16)
     if layout == "interleaved":
@@ -60,14 +63,16 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=2048, help="the caches' rows")
     ap.add_argument("--layers", type=int, default=60, help="caches walked in turn (SmolLM2: 30 layers x K, V)")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--kv-heads", type=int, default=KV_HEADS, help="KV heads a layer (SmolLM2: 3; Gemma 3 270M: 1)")
+    ap.add_argument("--head-dim", type=int, default=HEAD_DIM, help="features a head (SmolLM2: 64; Gemma 3: 256)")
     args = ap.parse_args()
     set_num_threads(args.threads)
     print(machine_summary())
     rng = np.random.default_rng(0)
-    q = rng.standard_normal((KV_HEADS, args.rows, HEAD_DIM)).astype(np.float32)
-    read = args.pos * KV_HEADS * HEAD_DIM * 2 * 2  # keys and values, float16
+    q = rng.standard_normal((args.kv_heads, args.rows, args.head_dim)).astype(np.float32)
+    read = args.pos * args.kv_heads * args.head_dim * 2 * 2  # keys and values, float16
     for layout in ("interleaved", "head-major"):
-        prog, shape = build(layout, args.ctx, args.rows)
+        prog, shape = build(layout, args.ctx, args.rows, args.kv_heads, args.head_dim)
         caches = [(rng.standard_normal(shape) * 0.5).astype(np.float16) for _ in range(2 * args.layers)]
         for hot in (True, False):
             t = statistics.median(per_layer(prog, caches, q, args.pos, hot) for _ in range(args.rounds))

@@ -29,3 +29,21 @@ def test_both_layouts_give_one_attention_and_are_timed() -> None:
     caches = [kh, vh, kh.copy(), vh.copy()]
     assert bench.per_layer(head_major, caches, q, pos, hot=False) > 0
     assert bench.per_layer(head_major, caches, q, pos, hot=True) > 0
+
+
+def test_other_head_shapes_are_built_and_timed() -> None:
+    """Gemma 3 270M's shape (one KV head of 256, 4 query rows): the head-major program matches the interleaved one
+    and its run is timed."""
+    rng = np.random.default_rng(3)
+    ctx, pos, rows, heads, dim = 300, 280, 4, 1, 256
+    interleaved, shape_i = bench.build("interleaved", ctx, rows, heads, dim)
+    head_major, shape_h = bench.build("head-major", ctx, rows, heads, dim)
+    assert shape_i == (ctx, heads, dim) and shape_h == (heads, ctx, dim)
+    q = rng.standard_normal((heads, rows, dim)).astype(np.float32)
+    k, v = (rng.standard_normal(shape_i).astype(np.float16) for _ in range(2))
+    (a,) = interleaved(dims={"pos": pos}, q=q, k=k, v=v)
+    kh, vh = (np.ascontiguousarray(x.transpose(1, 0, 2)) for x in (k, v))
+    (b,) = head_major(dims={"pos": pos}, q=q, k=kh, v=vh)
+    assert a.shape == (heads, rows, dim)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert bench.per_layer(head_major, [kh, vh], q, pos, hot=True) > 0
